@@ -1,0 +1,274 @@
+/*
+ * gift_codec.h: the GIFT codec. Number formats, the geometry transform,
+ * sketches, error feedback and fidelity metrics. CPU only, no I/O.
+ *
+ * Formats (DESIGN.md section 3). Every encoder rounds to nearest even (or
+ * stochastically, when asked), saturates to the finite maximum and refuses
+ * NaN/Inf input with GIFT_ENONFINITE before writing anything.
+ *
+ *   f32      raw IEEE binary32, 4 bytes/elem, no scales
+ *   bf16     bfloat16, 2 bytes/elem, no scales; saturates to +-0x7F7F
+ *   fp8-e4m3 OCP E4M3FN, 1 byte/elem; one fp32 scale per block of `block`
+ *   fp8-e5m2 OCP E5M2, 1 byte/elem; one fp32 scale per block
+ *   nvfp4    E2M1 two per byte, low nibble first; one E4M3 scale per 16
+ *            elements and one fp32 tensor scale
+ *
+ * The exact arithmetic, which the GPU twins reproduce bit for bit:
+ *
+ *   fp8 block b:  amax = max|x_i| over the block (the last block may be short)
+ *                 scale = amax / FMAX          (FMAX = 448 or 57344, fp32 divide)
+ *                 inv   = FMAX / amax          (fp32 divide)
+ *                 If amax == 0 or inv is not finite (amax below ~1e-36) the
+ *                 block is stored as scale 0 and all-zero codes.
+ *                 code_i = cvt(x_i * inv)      (fp32 multiply, then RNE to fp8)
+ *                 decode: value(code_i) * scale
+ *   nvfp4:        amax_t = max|x| over the whole tensor
+ *                 s_t = amax_t / 2688          (6 * 448; fp32 divide)
+ *                 per 16-element block: sb = e4m3(amax_b / (s_t * 6)) RNE, satfinite
+ *                 eff = value(sb) * s_t; inv = 1 / eff (fp32); a block with eff == 0
+ *                 or inv not finite is all-zero codes.
+ *                 code_i = e2m1(x_i * inv); decode: value(code_i) * eff
+ *
+ * Payload layout: the scale section then the code section, each starting at a
+ * 64-byte aligned offset (see gift_layout). For nvfp4 the scale section is the
+ * fp32 tensor scale followed by one E4M3 byte per block.
+ *
+ * SIMD: the scalar path is the reference. AVX2 and AVX-512 paths are chosen at
+ * run time (or forced with GIFT_SIMD=scalar|avx2|avx512 in the environment, or
+ * gift_simd_force) and produce the same bytes and floats bit for bit.
+ */
+#ifndef GIFT_CODEC_H
+#define GIFT_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gift_error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GIFT_CODEC_VERSION "0.1.0"
+#define GIFT_ALIGN 64                 /* payload section alignment, bytes */
+#define GIFT_FP8_BLOCK_DEFAULT 128    /* fp8 elements per block */
+#define GIFT_NVFP4_BLOCK 16           /* nvfp4 elements per block (fixed) */
+#define GIFT_E4M3_MAX 448.0f
+#define GIFT_E5M2_MAX 57344.0f
+#define GIFT_E2M1_MAX 6.0f
+
+typedef enum gift_format {
+    GIFT_FMT_F32 = 0,
+    GIFT_FMT_BF16 = 1,
+    GIFT_FMT_E4M3 = 2,
+    GIFT_FMT_E5M2 = 3,
+    GIFT_FMT_NVFP4 = 4,
+    GIFT_FMT_COUNT_
+} gift_format_t;
+
+/* Stochastic-rounding key: the random bits for element i of a chunk are a
+ * pure function of (seed, rank, key, chunk, step, i) (Philox4x32-10), so a run
+ * reproduces exactly and every (rank, step) draws independent bits. */
+typedef struct gift_sr_key {
+    uint64_t seed;
+    uint32_t rank;
+    uint32_t key;   /* tensor id */
+    uint32_t chunk; /* chunk index within the tensor */
+    uint64_t step;
+} gift_sr_key_t;
+
+typedef struct gift_codec_params {
+    gift_format_t fmt;
+    uint32_t block;     /* fp8: elements per block, a power of two >= 32; 0 means 128.
+                           Ignored by f32/bf16; nvfp4 always uses 16. */
+    int stochastic;     /* 0: round to nearest even; 1: stochastic rounding with sr */
+    gift_sr_key_t sr;
+} gift_codec_params_t;
+
+/* Byte layout of one encoded payload of n elements. */
+typedef struct gift_layout {
+    size_t n;           /* elements */
+    size_t block;       /* effective block size (0 for f32/bf16) */
+    size_t nblocks;     /* number of scaled blocks (0 for f32/bf16) */
+    size_t scale_off;   /* always 0 */
+    size_t scale_bytes; /* bytes used in the scale section, unpadded */
+    size_t code_off;    /* 64-aligned start of the codes */
+    size_t code_bytes;  /* bytes used in the code section, unpadded */
+    size_t total;       /* 64-aligned size of the whole payload */
+} gift_layout_t;
+
+/* Counts of codes at the edges of the format (see gift_boundary_hits). */
+typedef struct gift_hits {
+    size_t saturated; /* |x| mapped to the largest finite code while it was larger */
+    size_t flushed;   /* x != 0 that decoded to exactly zero */
+    size_t n;         /* elements inspected */
+} gift_hits_t;
+
+/* Format names: "f32", "bf16", "fp8-e4m3", "fp8-e5m2", "nvfp4". */
+const char *gift_format_name(gift_format_t fmt);
+/* Parses a format name (also "fp8" for e4m3). Returns the format or GIFT_EFORMAT. */
+int gift_format_parse(const char *name);
+
+/* Fills *out with the layout for n elements under p. Returns 0, GIFT_EFORMAT
+ * for an unknown format or a block that is not a power of two >= 32. */
+int gift_layout(const gift_codec_params_t *p, size_t n, gift_layout_t *out);
+
+/* Encodes n floats x into payload (cap bytes, at least layout.total; padding
+ * bytes are written as zero). Returns 0, GIFT_ENONFINITE if x holds NaN/Inf
+ * (payload contents then unspecified), GIFT_ENOSPC, GIFT_EFORMAT. */
+int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *payload,
+                size_t cap);
+
+/* Decodes a payload of n elements into out. Checks every scale and code first:
+ * NaN/Inf codes or non-finite/negative scales give GIFT_EBADCODE and out is
+ * left untouched. len is the payload size (at least layout.total - padding of
+ * the last section is not required: layout.code_off + layout.code_bytes). */
+int gift_decode(const gift_codec_params_t *p, const void *payload, size_t len, size_t n,
+                float *out);
+
+/* acc[i] += decode(payload)[i], the server's inner loop. Validates like
+ * gift_decode before touching acc, so a bad payload leaves acc unchanged. */
+int gift_decode_acc(const gift_codec_params_t *p, const void *payload, size_t len,
+                    size_t n, float *acc);
+
+/* Compares x with its encoding: counts codes that saturated or flushed to
+ * zero. Slow path (diagnostics), not for the inner loop. */
+int gift_boundary_hits(const gift_codec_params_t *p, const float *x, const void *payload,
+                       size_t len, size_t n, gift_hits_t *out);
+
+/* Scalar element conversions, exposed for tests and the GPU twins.
+ * e4m3/e5m2: RNE, saturate to the finite max; input must be finite. */
+uint8_t gift_f32_to_e4m3(float x);
+uint8_t gift_f32_to_e5m2(float x);
+uint8_t gift_f32_to_e2m1(float x); /* 4-bit code in the low nibble */
+uint16_t gift_f32_to_bf16(float x);
+float gift_e4m3_to_f32(uint8_t c);  /* NaN codes give NaN */
+float gift_e5m2_to_f32(uint8_t c);  /* Inf/NaN codes give Inf/NaN */
+float gift_e2m1_to_f32(uint8_t c);  /* low nibble used */
+float gift_bf16_to_f32(uint16_t c);
+
+/* Philox4x32-10 (Random123): one 128-bit block for counter ctr under key. */
+void gift_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* The 32 random bits that stochastic rounding uses for element i. */
+uint32_t gift_sr_bits(const gift_sr_key_t *k, uint64_t i);
+
+/* SIMD path selection. */
+typedef enum gift_simd { GIFT_SIMD_SCALAR = 0, GIFT_SIMD_AVX2 = 1, GIFT_SIMD_AVX512 = 2 } gift_simd_t;
+/* The best path this CPU supports. */
+gift_simd_t gift_simd_best(void);
+/* The path in use now (GIFT_SIMD env var or gift_simd_force, else best). */
+gift_simd_t gift_simd_active(void);
+/* Forces a path; returns GIFT_EINVAL if the CPU lacks it. Not thread safe:
+ * call it before encoding starts (tests and benchmarks). */
+int gift_simd_force(gift_simd_t s);
+const char *gift_simd_name(gift_simd_t s);
+
+/* ------------------------------------------------------------------ */
+/* Geometry and transform (DESIGN.md section 2).                        */
+/* ------------------------------------------------------------------ */
+
+/* The published geometry of one tensor: U (din x ks, row-major, orthonormal
+ * columns sorted by descending lambda), lambda[ks], and the scalars. The
+ * transform uses the first k columns; all ks columns are the next sketch
+ * basis Q. */
+typedef struct gift_geometry {
+    int din;        /* input dimension (columns of the gradient) */
+    int k;          /* transform rank, 1..din (k == din: full transform) */
+    int ks;         /* basis columns, k <= ks <= din (k plus oversampling) */
+    float *U;       /* din x ks, row-major */
+    float *lambda;  /* ks Ritz values, descending */
+    double trace;   /* tr A of the summed sketch */
+    double sigma2;  /* (tr A - sum of the top k lambda) / (din - k), 0 if k == din */
+    double delta;   /* damping * tr A / din */
+    float c;        /* (sigma2 + delta)^-1/2 */
+    float *d;       /* k entries: (lambda_i + delta)^-1/2 - c */
+    uint32_t epoch; /* 0: the random starting basis, identity transform */
+    int identity;   /* 1: T = I (epoch 0, or a zero trace) */
+} gift_geometry_t;
+
+#define GIFT_DAMPING_DEFAULT 1e-2
+#define GIFT_OVERSAMPLE_DEFAULT 8
+
+/* The default rank policy: k for a rows x din gradient. Full rank when
+ * din <= 256; otherwise din/4 rounded up to a multiple of 16, clamped to
+ * [64, 512], so that the transform (4*rows*din*k flops each way) stays below
+ * 2048 flops per gradient element while keeping k/din near 1/4, where the
+ * measurements of DESIGN.md section 2 put most of the gain. */
+int gift_rank_default(int rows, int din);
+/* Basis columns for rank k: min(din, k + oversample). */
+int gift_basis_cols(int din, int k, int oversample);
+
+/* Allocates a geometry for din, k, ks (all buffers, once). Starts as epoch 0:
+ * identity transform with a deterministic random orthonormal basis from seed.
+ * Returns 0, GIFT_EINVAL, GIFT_ENOMEM, GIFT_ELAPACK. Free with gift_geometry_free. */
+int gift_geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed);
+void gift_geometry_free(gift_geometry_t *g);
+/* Copies src into dst (same din, k, ks). */
+int gift_geometry_copy(gift_geometry_t *dst, const gift_geometry_t *src);
+
+/* Builds the next epoch in g from a summed sketch Y = sum_r A_r Q (din x ks,
+ * row-major) taken against the basis Q = g->U, and the summed trace. Uses the
+ * stable Nyström approximation A ~ Y (Q^T Y)^-1 Y^T: QR, Cholesky and a ks x ks
+ * symmetric eigenproblem in double precision (LAPACKE). Sums over workers
+ * need no scaling: a common factor cancels in the transform up to damping,
+ * which scales with the trace. Returns 0, GIFT_EINVAL, GIFT_ELAPACK, GIFT_ENOMEM. */
+int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, double damping);
+
+/* Sketch of one worker's layer inputs X (n x din, row-major):
+ * Y = X^T (X Q) / n (din x ks) and *trace = tr(X^T X) / n. work must hold
+ * n * ks floats (allocated once by the caller). */
+int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y,
+                double *trace, float *work);
+
+/* Applies T (inverse = 0) or T^-1 (inverse = 1) to rows x din row-major G,
+ * writing out (may equal G). work must hold rows * k floats. Identity
+ * geometries copy. Two thin cblas_sgemm: out = c*G + ((G U_k) diag(d)) U_k^T. */
+int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int rows,
+                   float *out, float *work);
+
+/* ------------------------------------------------------------------ */
+/* Error feedback                                                        */
+/* ------------------------------------------------------------------ */
+
+/* Sender-side residual e in transformed coordinates, one per tensor chunk. */
+typedef struct gift_ef {
+    float *e;        /* rows x din */
+    int rows, din;
+    uint32_t epoch;  /* geometry epoch e is expressed in */
+} gift_ef_t;
+
+int gift_ef_init(gift_ef_t *ef, int rows, int din);
+void gift_ef_free(gift_ef_t *ef);
+/* p += e (p in transformed coordinates). */
+void gift_ef_add(const gift_ef_t *ef, float *p);
+/* e = p - decoded, the part of p the wire did not carry. */
+void gift_ef_update(gift_ef_t *ef, const float *p, const float *decoded);
+/* Zeroes e and stamps the epoch. */
+void gift_ef_reset(gift_ef_t *ef, uint32_t epoch);
+/* Re-expresses e under a new geometry: e <- (e T_old^-1) T_new. work holds
+ * rows * max(k_old, k_new) floats. */
+int gift_ef_rebase(gift_ef_t *ef, const gift_geometry_t *old_g, const gift_geometry_t *new_g,
+                   float *work);
+
+/* ------------------------------------------------------------------ */
+/* Fidelity metrics (all in double precision; rows x din row-major)      */
+/* ------------------------------------------------------------------ */
+
+/* ||Gh - G|| / ||G|| (Frobenius). */
+double gift_metric_rel_l2(const float *G, const float *Gh, size_t n);
+/* <G, Gh> / (||G|| ||Gh||). */
+double gift_metric_cosine(const float *G, const float *Gh, size_t n);
+/* ||(Gh - G) L|| / ||G L|| with L = (A + delta I)^-1/2, delta = damping tr A / din,
+ * A the din x din covariance (row-major). Returns a negative code on failure. */
+double gift_metric_whitened(const float *G, const float *Gh, int rows, int din,
+                            const float *A, double damping);
+/* Muon's five Newton-Schulz steps (a, b, c) = (3.4445, -4.7750, 2.0315) on
+ * X = G / ||G||, transposed internally when rows > din. out is rows x din. */
+int gift_ns5(const float *G, int rows, int din, double *out);
+/* ||NS5(Gh) - NS5(G)|| / ||NS5(G)||. Negative code on failure. */
+double gift_metric_muon(const float *G, const float *Gh, int rows, int din);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
