@@ -1,1 +1,748 @@
-/* placeholder: being written */
+/*
+ * format.c: number formats. Layout, the scalar reference kernels, stochastic
+ * rounding (Philox4x32-10), the SIMD dispatch and the public encode/decode
+ * entry points. The exact arithmetic is specified in gift_codec.h.
+ */
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gift_codec.h"
+#include "gift_kernels.h"
+
+const gift__minifmt_t gift__fmt_e4m3 = {3, 7, 0x7E, 7, GIFT_E4M3_MAX};
+const gift__minifmt_t gift__fmt_e5m2 = {2, 15, 0x7B, 7, GIFT_E5M2_MAX};
+const gift__minifmt_t gift__fmt_e2m1 = {1, 1, 0x7, 3, GIFT_E2M1_MAX};
+
+/* ------------------------------------------------------------------ */
+/* Names and layout                                                      */
+/* ------------------------------------------------------------------ */
+
+static const char *const format_names[GIFT_FMT_COUNT_] = {
+    [GIFT_FMT_F32] = "f32",        [GIFT_FMT_BF16] = "bf16", [GIFT_FMT_E4M3] = "fp8-e4m3",
+    [GIFT_FMT_E5M2] = "fp8-e5m2", [GIFT_FMT_NVFP4] = "nvfp4",
+};
+
+const char *gift_format_name(gift_format_t fmt)
+{
+    if ((unsigned)fmt >= GIFT_FMT_COUNT_)
+        return "unknown";
+    return format_names[fmt];
+}
+
+int gift_format_parse(const char *name)
+{
+    if (name == NULL)
+        return GIFT_EFORMAT;
+    for (int i = 0; i < GIFT_FMT_COUNT_; i++)
+        if (strcmp(name, format_names[i]) == 0)
+            return i;
+    if (strcmp(name, "fp8") == 0 || strcmp(name, "e4m3") == 0)
+        return GIFT_FMT_E4M3;
+    if (strcmp(name, "e5m2") == 0)
+        return GIFT_FMT_E5M2;
+    return GIFT_EFORMAT;
+}
+
+static size_t align_up(size_t x)
+{
+    return (x + GIFT_ALIGN - 1) & ~(size_t)(GIFT_ALIGN - 1);
+}
+
+/* Effective fp8 block size, or 0 when the requested one is not allowed. */
+static size_t fp8_block(const gift_codec_params_t *p)
+{
+    size_t b = p->block ? p->block : GIFT_FP8_BLOCK_DEFAULT;
+    if (b < 32 || (b & (b - 1)) != 0 || b > (1u << 20))
+        return 0;
+    return b;
+}
+
+int gift_layout(const gift_codec_params_t *p, size_t n, gift_layout_t *out)
+{
+    gift_layout_t l;
+    if (p == NULL || out == NULL)
+        return GIFT_EINVAL;
+    memset(&l, 0, sizeof l);
+    l.n = n;
+    switch (p->fmt) {
+    case GIFT_FMT_F32:
+        l.code_bytes = 4 * n;
+        break;
+    case GIFT_FMT_BF16:
+        l.code_bytes = 2 * n;
+        break;
+    case GIFT_FMT_E4M3:
+    case GIFT_FMT_E5M2:
+        if ((l.block = fp8_block(p)) == 0)
+            return GIFT_EFORMAT;
+        l.nblocks = (n + l.block - 1) / l.block;
+        l.scale_bytes = 4 * l.nblocks;
+        l.code_bytes = n;
+        break;
+    case GIFT_FMT_NVFP4:
+        l.block = GIFT_NVFP4_BLOCK;
+        l.nblocks = (n + l.block - 1) / l.block;
+        l.scale_bytes = 4 + l.nblocks;
+        l.code_bytes = (n + 1) / 2;
+        break;
+    default:
+        return GIFT_EFORMAT;
+    }
+    l.code_off = align_up(l.scale_bytes);
+    l.total = align_up(l.code_off + l.code_bytes);
+    *out = l;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Scalar element conversions                                           */
+/* ------------------------------------------------------------------ */
+
+uint8_t gift_f32_to_e4m3(float x)
+{
+    return (uint8_t)gift__cvt_rne(&gift__fmt_e4m3, x);
+}
+
+uint8_t gift_f32_to_e5m2(float x)
+{
+    return (uint8_t)gift__cvt_rne(&gift__fmt_e5m2, x);
+}
+
+uint8_t gift_f32_to_e2m1(float x)
+{
+    return (uint8_t)gift__cvt_rne(&gift__fmt_e2m1, x);
+}
+
+uint16_t gift_f32_to_bf16(float x)
+{
+    return gift__bf16_rne(x);
+}
+
+float gift_e4m3_to_f32(uint8_t c)
+{
+    if ((c & 0x7F) == 0x7F)
+        return gift__u2f(0x7FC00000u | ((uint32_t)(c >> 7) << 31));
+    return gift__mini_value(&gift__fmt_e4m3, c);
+}
+
+float gift_e5m2_to_f32(uint8_t c)
+{
+    if ((c & 0x7C) == 0x7C) {
+        uint32_t s = (uint32_t)(c >> 7) << 31;
+        return gift__u2f(((c & 3) ? 0x7FC00000u : 0x7F800000u) | s);
+    }
+    return gift__mini_value(&gift__fmt_e5m2, c);
+}
+
+float gift_e2m1_to_f32(uint8_t c)
+{
+    return gift__mini_value(&gift__fmt_e2m1, c & 0xF);
+}
+
+float gift_bf16_to_f32(uint16_t c)
+{
+    return gift__u2f((uint32_t)c << 16);
+}
+
+/* ------------------------------------------------------------------ */
+/* Philox4x32-10 and the stochastic-rounding bits                        */
+/* ------------------------------------------------------------------ */
+
+void gift_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
+{
+    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+    uint32_t k0 = key[0], k1 = key[1];
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+        uint32_t n1 = (uint32_t)p1;
+        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        uint32_t n3 = (uint32_t)p0;
+        c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
+}
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* Philox key for (seed, rank, step's high half); the counter carries the
+ * element group, the step's low half, the tensor key and the chunk. */
+static void sr_key(const gift_sr_key_t *k, uint32_t key[2])
+{
+    uint64_t h = splitmix64(k->seed ^ splitmix64(((uint64_t)k->rank << 32) | (k->step >> 32)));
+    key[0] = (uint32_t)h;
+    key[1] = (uint32_t)(h >> 32);
+}
+
+static void sr_block(const gift_sr_key_t *k, const uint32_t key[2], uint64_t group,
+                     uint32_t out[4])
+{
+    uint32_t ctr[4] = {(uint32_t)group, (uint32_t)k->step, k->key,
+                       k->chunk ^ ((uint32_t)(group >> 32) << 16)};
+    gift_philox4x32(ctr, key, out);
+}
+
+uint32_t gift_sr_bits(const gift_sr_key_t *k, uint64_t i)
+{
+    uint32_t key[2], out[4];
+    sr_key(k, key);
+    sr_block(k, key, i >> 2, out);
+    return out[i & 3];
+}
+
+/* A cursor that hands out the SR bits of consecutive elements. */
+typedef struct sr_stream {
+    const gift_sr_key_t *k;
+    uint32_t key[2];
+    uint32_t buf[4];
+    uint64_t group; /* group held in buf, or UINT64_MAX */
+} sr_stream_t;
+
+static void sr_stream_init(sr_stream_t *s, const gift_sr_key_t *k)
+{
+    s->k = k;
+    sr_key(k, s->key);
+    s->group = UINT64_MAX;
+}
+
+static uint32_t sr_stream_bits(sr_stream_t *s, uint64_t i)
+{
+    if ((i >> 2) != s->group) {
+        s->group = i >> 2;
+        sr_block(s->k, s->key, s->group, s->buf);
+    }
+    return s->buf[i & 3];
+}
+
+/* ------------------------------------------------------------------ */
+/* Scalar reference kernels                                             */
+/* ------------------------------------------------------------------ */
+
+static uint32_t scalar_amax_bits(const float *x, size_t n)
+{
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a = gift__f2u(x[i]) & 0x7FFFFFFFu;
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+/* Scale and inverse for a block of amax bits; 0 when the block is zero. */
+static int fp8_block_scale(const gift__minifmt_t *f, uint32_t maxbits, float *scale, float *inv)
+{
+    float amax = gift__u2f(maxbits);
+    float s = amax / f->fmax;
+    if (!(s >= FLT_MIN)) {
+        *scale = 0.0f;
+        *inv = 0.0f;
+        return 0;
+    }
+    *scale = s;
+    *inv = f->fmax / amax;
+    return 1;
+}
+
+static int scalar_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
+                             float *scales, uint8_t *codes)
+{
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+        size_t len = n - b0 < block ? n - b0 : block;
+        uint32_t mb = scalar_amax_bits(x + b0, len);
+        float scale, inv;
+        if (mb >= 0x7F800000u)
+            return GIFT_ENONFINITE;
+        if (!fp8_block_scale(f, mb, &scale, &inv)) {
+            scales[bi] = 0.0f;
+            memset(codes + b0, 0, len);
+            continue;
+        }
+        scales[bi] = scale;
+        for (size_t i = 0; i < len; i++)
+            codes[b0 + i] = (uint8_t)gift__cvt_rne(f, x[b0 + i] * inv);
+    }
+    return 0;
+}
+
+static int sr_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
+                         float *scales, uint8_t *codes, const gift_sr_key_t *k)
+{
+    sr_stream_t s;
+    sr_stream_init(&s, k);
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+        size_t len = n - b0 < block ? n - b0 : block;
+        uint32_t mb = scalar_amax_bits(x + b0, len);
+        float scale, inv;
+        if (mb >= 0x7F800000u)
+            return GIFT_ENONFINITE;
+        if (!fp8_block_scale(f, mb, &scale, &inv)) {
+            scales[bi] = 0.0f;
+            memset(codes + b0, 0, len);
+            continue;
+        }
+        scales[bi] = scale;
+        for (size_t i = 0; i < len; i++)
+            codes[b0 + i] =
+                (uint8_t)gift__cvt_sr(f, x[b0 + i] * inv, sr_stream_bits(&s, b0 + i));
+    }
+    return 0;
+}
+
+static void scalar_fp8_decode(const gift__minifmt_t *f, const float *scales, const uint8_t *codes,
+                              size_t n, size_t block, float *out, int acc)
+{
+    float lut[256];
+    for (int c = 0; c < 256; c++)
+        lut[c] = ((c & 0x7F) > (int)f->maxcode) ? 0.0f : gift__mini_value(f, (uint32_t)c);
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+        size_t len = n - b0 < block ? n - b0 : block;
+        float s = scales[bi];
+        if (acc)
+            for (size_t i = 0; i < len; i++)
+                out[b0 + i] += lut[codes[b0 + i]] * s;
+        else
+            for (size_t i = 0; i < len; i++)
+                out[b0 + i] = lut[codes[b0 + i]] * s;
+    }
+}
+
+static int scalar_byte_has_mask(const uint8_t *codes, size_t n, uint8_t mask)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad |= (codes[i] & mask) == mask;
+    return bad;
+}
+
+/* nvfp4 block scale code and effective scale/inverse for one block. */
+static uint8_t nvfp4_block_scale(uint32_t maxbits, float s_t, float *eff, float *inv)
+{
+    float r = gift__u2f(maxbits) / (s_t * 6.0f);
+    uint8_t sb = (uint8_t)gift__cvt_rne(&gift__fmt_e4m3, r);
+    float e = gift__mini_value(&gift__fmt_e4m3, sb) * s_t;
+    *eff = e;
+    *inv = e >= FLT_MIN ? 1.0f / e : 0.0f;
+    return sb;
+}
+
+static void nvfp4_encode_any(const float *x, size_t n, float s_t, uint8_t *sb, uint8_t *codes,
+                             sr_stream_t *s)
+{
+    memset(codes, 0, (n + 1) / 2);
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += GIFT_NVFP4_BLOCK, bi++) {
+        size_t len = n - b0 < GIFT_NVFP4_BLOCK ? n - b0 : GIFT_NVFP4_BLOCK;
+        float eff, inv;
+        sb[bi] = nvfp4_block_scale(scalar_amax_bits(x + b0, len), s_t, &eff, &inv);
+        if (inv == 0.0f)
+            continue;
+        for (size_t i = 0; i < len; i++) {
+            size_t j = b0 + i;
+            float y = x[j] * inv;
+            uint32_t c = s ? gift__cvt_sr(&gift__fmt_e2m1, y, sr_stream_bits(s, j))
+                           : gift__cvt_rne(&gift__fmt_e2m1, y);
+            codes[j >> 1] |= (uint8_t)(c << ((j & 1) * 4));
+        }
+    }
+}
+
+static void scalar_nvfp4_encode(const float *x, size_t n, float s_t, uint8_t *sb, uint8_t *codes)
+{
+    nvfp4_encode_any(x, n, s_t, sb, codes, NULL);
+}
+
+static void scalar_nvfp4_decode(const uint8_t *sb, float s_t, const uint8_t *codes, size_t n,
+                                float *out, int acc)
+{
+    float lut[16];
+    for (int c = 0; c < 16; c++)
+        lut[c] = gift__mini_value(&gift__fmt_e2m1, (uint32_t)c);
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += GIFT_NVFP4_BLOCK, bi++) {
+        size_t len = n - b0 < GIFT_NVFP4_BLOCK ? n - b0 : GIFT_NVFP4_BLOCK;
+        float eff = gift__mini_value(&gift__fmt_e4m3, sb[bi]) * s_t;
+        for (size_t i = 0; i < len; i++) {
+            size_t j = b0 + i;
+            float v = lut[(codes[j >> 1] >> ((j & 1) * 4)) & 0xF] * eff;
+            if (acc)
+                out[j] += v;
+            else
+                out[j] = v;
+        }
+    }
+}
+
+static int scalar_bf16_encode(const float *x, size_t n, uint16_t *codes)
+{
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a = gift__f2u(x[i]) & 0x7FFFFFFFu;
+        m = a > m ? a : m;
+        codes[i] = gift__bf16_rne(x[i]);
+    }
+    return m >= 0x7F800000u ? GIFT_ENONFINITE : 0;
+}
+
+static void scalar_bf16_decode(const uint16_t *codes, size_t n, float *out, int acc)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = gift__u2f((uint32_t)codes[i] << 16);
+        if (acc)
+            out[i] += v;
+        else
+            out[i] = v;
+    }
+}
+
+static int scalar_f32_encode(const float *x, size_t n, float *out)
+{
+    if (scalar_amax_bits(x, n) >= 0x7F800000u)
+        return GIFT_ENONFINITE;
+    memcpy(out, x, n * 4);
+    return 0;
+}
+
+static void scalar_f32_decode(const float *codes, size_t n, float *out, int acc)
+{
+    if (!acc) {
+        memcpy(out, codes, n * 4);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] += codes[i];
+}
+
+const gift__kernels_t gift__kernels_scalar = {
+    .fp8_encode = scalar_fp8_encode,
+    .fp8_decode = scalar_fp8_decode,
+    .byte_has_mask = scalar_byte_has_mask,
+    .amax_bits = scalar_amax_bits,
+    .nvfp4_encode = scalar_nvfp4_encode,
+    .nvfp4_decode = scalar_nvfp4_decode,
+    .bf16_encode = scalar_bf16_encode,
+    .bf16_decode = scalar_bf16_decode,
+    .f32_encode = scalar_f32_encode,
+    .f32_decode = scalar_f32_decode,
+};
+
+/* ------------------------------------------------------------------ */
+/* Dispatch                                                              */
+/* ------------------------------------------------------------------ */
+
+static const gift__kernels_t *active_kernels;
+static gift_simd_t active_simd;
+static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
+
+static const gift__kernels_t *kernels_for(gift_simd_t s)
+{
+    switch (s) {
+    case GIFT_SIMD_SCALAR:
+        return &gift__kernels_scalar;
+    case GIFT_SIMD_AVX2:
+        if (gift__kernels_avx2 && __builtin_cpu_supports("avx2"))
+            return gift__kernels_avx2;
+        return NULL;
+    case GIFT_SIMD_AVX512:
+        if (gift__kernels_avx512 && __builtin_cpu_supports("avx512f") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+            return gift__kernels_avx512;
+        return NULL;
+    }
+    return NULL;
+}
+
+gift_simd_t gift_simd_best(void)
+{
+    __builtin_cpu_init();
+    if (kernels_for(GIFT_SIMD_AVX512))
+        return GIFT_SIMD_AVX512;
+    if (kernels_for(GIFT_SIMD_AVX2))
+        return GIFT_SIMD_AVX2;
+    return GIFT_SIMD_SCALAR;
+}
+
+static void simd_init(void)
+{
+    const char *env = getenv("GIFT_SIMD");
+    gift_simd_t s = gift_simd_best();
+    if (env != NULL) {
+        gift_simd_t want = s;
+        if (strcmp(env, "scalar") == 0)
+            want = GIFT_SIMD_SCALAR;
+        else if (strcmp(env, "avx2") == 0)
+            want = GIFT_SIMD_AVX2;
+        else if (strcmp(env, "avx512") == 0)
+            want = GIFT_SIMD_AVX512;
+        if (kernels_for(want))
+            s = want;
+    }
+    active_simd = s;
+    active_kernels = kernels_for(s);
+}
+
+static const gift__kernels_t *kernels(void)
+{
+    pthread_once(&simd_once, simd_init);
+    return active_kernels;
+}
+
+gift_simd_t gift_simd_active(void)
+{
+    pthread_once(&simd_once, simd_init);
+    return active_simd;
+}
+
+int gift_simd_force(gift_simd_t s)
+{
+    const gift__kernels_t *k;
+    pthread_once(&simd_once, simd_init);
+    if ((k = kernels_for(s)) == NULL)
+        return GIFT_EINVAL;
+    active_simd = s;
+    active_kernels = k;
+    return 0;
+}
+
+const char *gift_simd_name(gift_simd_t s)
+{
+    switch (s) {
+    case GIFT_SIMD_SCALAR:
+        return "scalar";
+    case GIFT_SIMD_AVX2:
+        return "avx2";
+    case GIFT_SIMD_AVX512:
+        return "avx512";
+    }
+    return "unknown";
+}
+
+/* ------------------------------------------------------------------ */
+/* Public encode / decode                                                */
+/* ------------------------------------------------------------------ */
+
+static const gift__minifmt_t *fp8_fmt(gift_format_t f)
+{
+    return f == GIFT_FMT_E4M3 ? &gift__fmt_e4m3 : &gift__fmt_e5m2;
+}
+
+int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *payload, size_t cap)
+{
+    gift_layout_t l;
+    const gift__kernels_t *k = kernels();
+    uint8_t *out = payload;
+    int rc;
+
+    if (p == NULL || (x == NULL && n > 0) || payload == NULL)
+        return GIFT_EINVAL;
+    if ((rc = gift_layout(p, n, &l)) < 0)
+        return rc;
+    if (cap < l.total)
+        return GIFT_ENOSPC;
+    /* Zero the padding so that equal inputs give equal bytes. */
+    memset(out + l.scale_bytes, 0, l.code_off - l.scale_bytes);
+    memset(out + l.code_off + l.code_bytes, 0, l.total - l.code_off - l.code_bytes);
+
+    switch (p->fmt) {
+    case GIFT_FMT_F32:
+        return k->f32_encode(x, n, (float *)(out + l.code_off));
+    case GIFT_FMT_BF16:
+        if (!p->stochastic)
+            return k->bf16_encode(x, n, (uint16_t *)(out + l.code_off));
+        if (k->amax_bits(x, n) >= 0x7F800000u)
+            return GIFT_ENONFINITE;
+        {
+            sr_stream_t s;
+            uint16_t *c = (uint16_t *)(out + l.code_off);
+            sr_stream_init(&s, &p->sr);
+            for (size_t i = 0; i < n; i++)
+                c[i] = gift__bf16_sr(x[i], sr_stream_bits(&s, i));
+        }
+        return 0;
+    case GIFT_FMT_E4M3:
+    case GIFT_FMT_E5M2:
+        if (p->stochastic)
+            return sr_fp8_encode(fp8_fmt(p->fmt), x, n, l.block, (float *)out,
+                                 out + l.code_off, &p->sr);
+        return k->fp8_encode(fp8_fmt(p->fmt), x, n, l.block, (float *)out, out + l.code_off);
+    case GIFT_FMT_NVFP4: {
+        uint32_t mb = k->amax_bits(x, n);
+        float s_t;
+        if (mb >= 0x7F800000u)
+            return GIFT_ENONFINITE;
+        s_t = gift__u2f(mb) / (GIFT_E2M1_MAX * GIFT_E4M3_MAX);
+        if (!(s_t >= FLT_MIN)) {
+            memset(out, 0, l.total);
+            return 0;
+        }
+        memcpy(out, &s_t, 4);
+        if (p->stochastic) {
+            sr_stream_t s;
+            sr_stream_init(&s, &p->sr);
+            nvfp4_encode_any(x, n, s_t, out + 4, out + l.code_off, &s);
+        } else {
+            k->nvfp4_encode(x, n, s_t, out + 4, out + l.code_off);
+        }
+        return 0;
+    }
+    default:
+        return GIFT_EFORMAT;
+    }
+}
+
+/* Checks scales and codes of a payload; 0 when every value is finite. */
+static int payload_check(const gift_codec_params_t *p, const gift_layout_t *l, const uint8_t *in)
+{
+    const gift__kernels_t *k = kernels();
+    switch (p->fmt) {
+    case GIFT_FMT_F32:
+        /* Codes may be unaligned on the wire only if the caller broke the
+         * layout; the section offset is 64-aligned. */
+        return k->amax_bits((const float *)(in + l->code_off), l->n) >= 0x7F800000u
+                   ? GIFT_EBADCODE
+                   : 0;
+    case GIFT_FMT_BF16: {
+        const uint16_t *c = (const uint16_t *)(in + l->code_off);
+        for (size_t i = 0; i < l->n; i++)
+            if ((c[i] & 0x7F80u) == 0x7F80u)
+                return GIFT_EBADCODE;
+        return 0;
+    }
+    case GIFT_FMT_E4M3:
+    case GIFT_FMT_E5M2: {
+        const float *s = (const float *)in;
+        for (size_t i = 0; i < l->nblocks; i++)
+            if (!(s[i] >= 0.0f) || s[i] > FLT_MAX)
+                return GIFT_EBADCODE;
+        return k->byte_has_mask(in + l->code_off, l->n, p->fmt == GIFT_FMT_E4M3 ? 0x7F : 0x7C)
+                   ? GIFT_EBADCODE
+                   : 0;
+    }
+    case GIFT_FMT_NVFP4: {
+        float s_t;
+        memcpy(&s_t, in, 4);
+        if (!(s_t >= 0.0f) || s_t > FLT_MAX)
+            return GIFT_EBADCODE;
+        /* Block scales are unsigned E4M3: no sign bit, no NaN. */
+        for (size_t i = 0; i < l->nblocks; i++)
+            if (in[4 + i] >= 0x7F)
+                return GIFT_EBADCODE;
+        return 0;
+    }
+    default:
+        return GIFT_EFORMAT;
+    }
+}
+
+static int decode_any(const gift_codec_params_t *p, const void *payload, size_t len, size_t n,
+                      float *out, int acc)
+{
+    gift_layout_t l;
+    const gift__kernels_t *k = kernels();
+    const uint8_t *in = payload;
+    int rc;
+
+    if (p == NULL || payload == NULL || (out == NULL && n > 0))
+        return GIFT_EINVAL;
+    if ((rc = gift_layout(p, n, &l)) < 0)
+        return rc;
+    if (len < l.code_off + l.code_bytes)
+        return GIFT_ENOSPC;
+    if ((rc = payload_check(p, &l, in)) < 0)
+        return rc;
+    switch (p->fmt) {
+    case GIFT_FMT_F32:
+        k->f32_decode((const float *)(in + l.code_off), n, out, acc);
+        return 0;
+    case GIFT_FMT_BF16:
+        k->bf16_decode((const uint16_t *)(in + l.code_off), n, out, acc);
+        return 0;
+    case GIFT_FMT_E4M3:
+    case GIFT_FMT_E5M2:
+        k->fp8_decode(fp8_fmt(p->fmt), (const float *)in, in + l.code_off, n, l.block, out, acc);
+        return 0;
+    case GIFT_FMT_NVFP4: {
+        float s_t;
+        memcpy(&s_t, in, 4);
+        k->nvfp4_decode(in + 4, s_t, in + l.code_off, n, out, acc);
+        return 0;
+    }
+    default:
+        return GIFT_EFORMAT;
+    }
+}
+
+int gift_decode(const gift_codec_params_t *p, const void *payload, size_t len, size_t n, float *out)
+{
+    return decode_any(p, payload, len, n, out, 0);
+}
+
+int gift_decode_acc(const gift_codec_params_t *p, const void *payload, size_t len, size_t n,
+                    float *acc)
+{
+    return decode_any(p, payload, len, n, acc, 1);
+}
+
+int gift_boundary_hits(const gift_codec_params_t *p, const float *x, const void *payload,
+                       size_t len, size_t n, gift_hits_t *out)
+{
+    gift_layout_t l;
+    const uint8_t *in = payload;
+    int rc;
+
+    if (p == NULL || x == NULL || payload == NULL || out == NULL)
+        return GIFT_EINVAL;
+    if ((rc = gift_layout(p, n, &l)) < 0)
+        return rc;
+    if (len < l.code_off + l.code_bytes)
+        return GIFT_ENOSPC;
+    memset(out, 0, sizeof *out);
+    out->n = n;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t c;
+        int sat = 0, zero = 0;
+        switch (p->fmt) {
+        case GIFT_FMT_F32:
+            break;
+        case GIFT_FMT_BF16:
+            memcpy(&c, in + l.code_off + 2 * i, 2);
+            c &= 0x7FFFu;
+            sat = c == 0x7F7Fu && (gift__f2u(x[i]) & 0x7FFFFFFFu) > 0x7F7F0000u;
+            zero = c == 0;
+            break;
+        case GIFT_FMT_E4M3:
+        case GIFT_FMT_E5M2: {
+            const gift__minifmt_t *f = fp8_fmt(p->fmt);
+            float scale;
+            memcpy(&scale, in + 4 * (i / l.block), 4);
+            c = in[l.code_off + i] & 0x7F;
+            sat = c == f->maxcode && fabsf(x[i]) > f->fmax * scale;
+            zero = c == 0;
+            break;
+        }
+        case GIFT_FMT_NVFP4: {
+            float s_t, eff;
+            memcpy(&s_t, in, 4);
+            eff = gift__mini_value(&gift__fmt_e4m3, in[4 + i / GIFT_NVFP4_BLOCK]) * s_t;
+            c = (in[l.code_off + (i >> 1)] >> ((i & 1) * 4)) & 0x7;
+            sat = c == 0x7 && fabsf(x[i]) > GIFT_E2M1_MAX * eff;
+            zero = c == 0;
+            break;
+        }
+        default:
+            return GIFT_EFORMAT;
+        }
+        out->saturated += (size_t)sat;
+        out->flushed += (size_t)(zero && x[i] != 0.0f);
+    }
+    return 0;
+}

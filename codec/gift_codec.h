@@ -18,15 +18,16 @@
  *   fp8 block b:  amax = max|x_i| over the block (the last block may be short)
  *                 scale = amax / FMAX          (FMAX = 448 or 57344, fp32 divide)
  *                 inv   = FMAX / amax          (fp32 divide)
- *                 If amax == 0 or inv is not finite (amax below ~1e-36) the
- *                 block is stored as scale 0 and all-zero codes.
+ *                 If scale < FLT_MIN (amax == 0, or amax below FMAX * 2^-126)
+ *                 the block is stored as scale 0 and all-zero codes.
  *                 code_i = cvt(x_i * inv)      (fp32 multiply, then RNE to fp8)
  *                 decode: value(code_i) * scale
  *   nvfp4:        amax_t = max|x| over the whole tensor
- *                 s_t = amax_t / 2688          (6 * 448; fp32 divide)
+ *                 s_t = amax_t / 2688          (6 * 448; fp32 divide); if s_t <
+ *                 FLT_MIN the tensor is stored as s_t = 0, zero scales and codes.
  *                 per 16-element block: sb = e4m3(amax_b / (s_t * 6)) RNE, satfinite
- *                 eff = value(sb) * s_t; inv = 1 / eff (fp32); a block with eff == 0
- *                 or inv not finite is all-zero codes.
+ *                 eff = value(sb) * s_t; inv = 1 / eff (fp32); a block with
+ *                 eff < FLT_MIN has all-zero codes.
  *                 code_i = e2m1(x_i * inv); decode: value(code_i) * eff
  *
  * Payload layout: the scale section then the code section, each starting at a
@@ -184,6 +185,9 @@ typedef struct gift_geometry {
     float *d;       /* k entries: (lambda_i + delta)^-1/2 - c */
     uint32_t epoch; /* 0: the random starting basis, identity transform */
     int identity;   /* 1: T = I (epoch 0, or a zero trace) */
+    float c_inv;    /* (sigma2 + delta)^+1/2, the scalar of T^-1 */
+    float *d_inv;   /* k entries: (lambda_i + delta)^+1/2 - c_inv */
+    void *ws;       /* private: update workspace, allocated by gift_geometry_init */
 } gift_geometry_t;
 
 #define GIFT_DAMPING_DEFAULT 1e-2

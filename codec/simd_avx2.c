@@ -1,1 +1,346 @@
-/* placeholder: being written */
+/*
+ * simd_avx2.c: AVX2 twins of the scalar kernels in format.c. Full vectors go
+ * through the intrinsics below; every tail goes through the scalar helpers of
+ * gift_kernels.h, which compute the same bits. Selected at run time.
+ */
+#include <float.h>
+
+#include "gift_kernels.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2")))
+
+/* 8 floats to small-float codes (one per 32-bit lane), RNE, saturating. */
+static inline __m256i AVX2 cvt8(const gift__minifmt_t *f, __m256 y)
+{
+    const int sh = 23 - f->mbits;
+    __m256i b = _mm256_castps_si256(y);
+    __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, sh), _mm256_set1_epi32(1));
+    __m256i add = _mm256_add_epi32(_mm256_set1_epi32((1 << (sh - 1)) - 1), lsb);
+    __m256i cn = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(a, add), sh),
+                                  _mm256_set1_epi32((127 - f->bias) << f->mbits));
+    __m256 t = _mm256_mul_ps(_mm256_castsi256_ps(a),
+                             _mm256_set1_ps(gift__pow2f(f->bias - 1 + f->mbits)));
+    __m256i cs = _mm256_cvtps_epi32(t); /* MXCSR default: round to nearest even */
+    /* a <= 0x7FFFFFFF, so the signed compare is an unsigned one. */
+    __m256i norm = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(((128 - f->bias) << 23) - 1));
+    __m256i c = _mm256_blendv_epi8(cs, cn, norm);
+    c = _mm256_min_epu32(c, _mm256_set1_epi32((int)f->maxcode));
+    return _mm256_or_si256(c, _mm256_slli_epi32(_mm256_srli_epi32(b, 31), f->signpos));
+}
+
+/* Four vectors of 8 codes (values 0..255) to 32 bytes in element order. */
+static inline __m256i AVX2 pack32(__m256i c0, __m256i c1, __m256i c2, __m256i c3)
+{
+    __m256i p01 = _mm256_packus_epi32(c0, c1);
+    __m256i p23 = _mm256_packus_epi32(c2, c3);
+    __m256i p = _mm256_packus_epi16(p01, p23);
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static inline uint32_t AVX2 hmax8(__m256i m)
+{
+    __m128i x = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    x = _mm_max_epu32(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_max_epu32(x, _mm_shuffle_epi32(x, 0xB1));
+    return (uint32_t)_mm_cvtsi128_si32(x);
+}
+
+static uint32_t AVX2 avx2_amax_bits(const float *x, size_t n)
+{
+    const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i)), abs));
+        m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i + 8)), abs));
+        m2 = _mm256_max_epu32(m2, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i + 16)), abs));
+        m3 = _mm256_max_epu32(m3, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i + 24)), abs));
+    }
+    for (; i + 8 <= n; i += 8)
+        m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i)), abs));
+    uint32_t mb = hmax8(_mm256_max_epu32(_mm256_max_epu32(m0, m1), _mm256_max_epu32(m2, m3)));
+    for (; i < n; i++) {
+        uint32_t a = gift__f2u(x[i]) & 0x7FFFFFFFu;
+        mb = a > mb ? a : mb;
+    }
+    return mb;
+}
+
+static int AVX2 avx2_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
+                                float *scales, uint8_t *codes)
+{
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+        size_t len = n - b0 < block ? n - b0 : block;
+        uint32_t mb = avx2_amax_bits(x + b0, len);
+        float amax = gift__u2f(mb), scale, inv;
+        size_t i = 0;
+        if (mb >= 0x7F800000u)
+            return GIFT_ENONFINITE;
+        scale = amax / f->fmax;
+        if (!(scale >= FLT_MIN)) {
+            scales[bi] = 0.0f;
+            memset(codes + b0, 0, len);
+            continue;
+        }
+        scales[bi] = scale;
+        inv = f->fmax / amax;
+        const __m256 vinv = _mm256_set1_ps(inv);
+        const float *xb = x + b0;
+        for (; i + 32 <= len; i += 32) {
+            __m256i c0 = cvt8(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i), vinv));
+            __m256i c1 = cvt8(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), vinv));
+            __m256i c2 = cvt8(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 16), vinv));
+            __m256i c3 = cvt8(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 24), vinv));
+            _mm256_storeu_si256((__m256i *)(codes + b0 + i), pack32(c0, c1, c2, c3));
+        }
+        for (; i < len; i++)
+            codes[b0 + i] = (uint8_t)gift__cvt_rne(f, xb[i] * inv);
+    }
+    return 0;
+}
+
+/* 8 code bytes to their fp32 values (finite codes), before scaling. */
+static inline __m256 AVX2 fp8_value8(const gift__minifmt_t *f, __m128i c8)
+{
+    const int sh = 23 - f->mbits;
+    __m256i c = _mm256_cvtepu8_epi32(c8);
+    __m256i mag = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7F)), sh);
+    __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(gift__pow2f(127 - f->bias)));
+    __m256i s = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), s));
+}
+
+static void AVX2 avx2_fp8_decode(const gift__minifmt_t *f, const float *scales,
+                                 const uint8_t *codes, size_t n, size_t block, float *out, int acc)
+{
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+        size_t len = n - b0 < block ? n - b0 : block;
+        const float sc = scales[bi];
+        const __m256 s = _mm256_set1_ps(sc);
+        size_t i = 0;
+        for (; i + 8 <= len; i += 8) {
+            __m128i c = _mm_loadl_epi64((const __m128i *)(codes + b0 + i));
+            __m256 v = _mm256_mul_ps(fp8_value8(f, c), s);
+            if (acc)
+                v = _mm256_add_ps(_mm256_loadu_ps(out + b0 + i), v);
+            _mm256_storeu_ps(out + b0 + i, v);
+        }
+        for (; i < len; i++) {
+            float v = gift__mini_value(f, codes[b0 + i]) * sc;
+            if (acc)
+                out[b0 + i] += v;
+            else
+                out[b0 + i] = v;
+        }
+    }
+}
+
+static int AVX2 avx2_byte_has_mask(const uint8_t *codes, size_t n, uint8_t mask)
+{
+    const __m256i vm = _mm256_set1_epi8((char)mask);
+    __m256i bad = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i c = _mm256_loadu_si256((const __m256i *)(codes + i));
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi8(_mm256_and_si256(c, vm), vm));
+    }
+    int r = _mm256_movemask_epi8(bad) != 0;
+    for (; i < n; i++)
+        r |= (codes[i] & mask) == mask;
+    return r;
+}
+
+static void AVX2 avx2_nvfp4_encode(const float *x, size_t n, float s_t, uint8_t *sb,
+                                   uint8_t *codes)
+{
+    const float st6 = s_t * 6.0f;
+    const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF);
+    size_t b0 = 0, bi = 0;
+    for (; b0 + 16 <= n; b0 += 16, bi++) {
+        __m256 v0 = _mm256_loadu_ps(x + b0), v1 = _mm256_loadu_ps(x + b0 + 8);
+        uint32_t mb = hmax8(_mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(v0), abs),
+                                             _mm256_and_si256(_mm256_castps_si256(v1), abs)));
+        float r = gift__u2f(mb) / st6;
+        uint8_t s = (uint8_t)gift__cvt_rne(&gift__fmt_e4m3, r);
+        float eff = gift__mini_value(&gift__fmt_e4m3, s) * s_t;
+        float inv = eff >= FLT_MIN ? 1.0f / eff : 0.0f;
+        sb[bi] = s;
+        if (inv == 0.0f) {
+            memset(codes + (b0 >> 1), 0, 8);
+            continue;
+        }
+        const __m256 vinv = _mm256_set1_ps(inv);
+        __m256i c0 = cvt8(&gift__fmt_e2m1, _mm256_mul_ps(v0, vinv));
+        __m256i c1 = cvt8(&gift__fmt_e2m1, _mm256_mul_ps(v1, vinv));
+        /* 16 codes as 16-bit lanes in element order, then each 32-bit lane
+         * (elements 2j, 2j+1) becomes the byte e[2j] | e[2j+1] << 4. */
+        __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);
+        __m256i q = _mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi32(0xF)),
+                                    _mm256_and_si256(_mm256_srli_epi32(w, 12), _mm256_set1_epi32(0xF0)));
+        q = _mm256_packus_epi16(_mm256_packus_epi32(q, q), q);
+        uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(q));
+        uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(q, 1));
+        uint64_t packed = (uint64_t)lo | ((uint64_t)hi << 32);
+        memcpy(codes + (b0 >> 1), &packed, 8);
+    }
+    if (b0 < n) {
+        size_t len = n - b0;
+        uint32_t mb = 0;
+        for (size_t i = 0; i < len; i++) {
+            uint32_t a = gift__f2u(x[b0 + i]) & 0x7FFFFFFFu;
+            mb = a > mb ? a : mb;
+        }
+        float r = gift__u2f(mb) / st6;
+        uint8_t s = (uint8_t)gift__cvt_rne(&gift__fmt_e4m3, r);
+        float eff = gift__mini_value(&gift__fmt_e4m3, s) * s_t;
+        float inv = eff >= FLT_MIN ? 1.0f / eff : 0.0f;
+        sb[bi] = s;
+        memset(codes + (b0 >> 1), 0, (len + 1) / 2);
+        if (inv != 0.0f)
+            for (size_t i = 0; i < len; i++) {
+                size_t j = b0 + i;
+                uint32_t c = gift__cvt_rne(&gift__fmt_e2m1, x[j] * inv);
+                codes[j >> 1] |= (uint8_t)(c << ((j & 1) * 4));
+            }
+    }
+}
+
+static void AVX2 avx2_nvfp4_decode(const uint8_t *sb, float s_t, const uint8_t *codes, size_t n,
+                                   float *out, int acc)
+{
+    float lutf[8];
+    for (int c = 0; c < 8; c++)
+        lutf[c] = gift__mini_value(&gift__fmt_e2m1, (uint32_t)c);
+    const __m256 lut = _mm256_loadu_ps(lutf);
+    size_t b0 = 0, bi = 0;
+    for (; b0 + 16 <= n; b0 += 16, bi++) {
+        __m128i raw = _mm_loadl_epi64((const __m128i *)(codes + (b0 >> 1)));
+        __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F));
+        __m128i nib = _mm_unpacklo_epi8(lo, hi);
+        const __m256 eff = _mm256_set1_ps(gift__mini_value(&gift__fmt_e4m3, sb[bi]) * s_t);
+        for (int h = 0; h < 2; h++) {
+            __m256i c = _mm256_cvtepu8_epi32(h ? _mm_srli_si128(nib, 8) : nib);
+            __m256 v = _mm256_permutevar8x32_ps(lut, _mm256_and_si256(c, _mm256_set1_epi32(7)));
+            __m256i s = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(8)), 28);
+            v = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), s));
+            v = _mm256_mul_ps(v, eff);
+            if (acc)
+                v = _mm256_add_ps(_mm256_loadu_ps(out + b0 + 8 * h), v);
+            _mm256_storeu_ps(out + b0 + 8 * h, v);
+        }
+    }
+    if (b0 < n) {
+        float eff = gift__mini_value(&gift__fmt_e4m3, sb[bi]) * s_t;
+        for (size_t j = b0; j < n; j++) {
+            float v = gift__mini_value(&gift__fmt_e2m1, (codes[j >> 1] >> ((j & 1) * 4)) & 0xF) * eff;
+            if (acc)
+                out[j] += v;
+            else
+                out[j] = v;
+        }
+    }
+}
+
+static int AVX2 avx2_bf16_encode(const float *x, size_t n, uint16_t *codes)
+{
+    const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256i mx = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i c[2];
+        for (int h = 0; h < 2; h++) {
+            __m256i b = _mm256_loadu_si256((const __m256i *)(x + i + 8 * h));
+            __m256i a = _mm256_and_si256(b, abs);
+            __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, 16), _mm256_set1_epi32(1));
+            __m256i v = _mm256_srli_epi32(
+                _mm256_add_epi32(a, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)), 16);
+            mx = _mm256_max_epu32(mx, a);
+            v = _mm256_min_epu32(v, _mm256_set1_epi32(0x7F7F));
+            c[h] = _mm256_or_si256(v, _mm256_slli_epi32(_mm256_srli_epi32(b, 31), 15));
+        }
+        __m256i p = _mm256_packus_epi32(c[0], c[1]);
+        p = _mm256_permute4x64_epi64(p, 0xD8);
+        _mm256_storeu_si256((__m256i *)(codes + i), p);
+    }
+    uint32_t m = hmax8(mx);
+    for (; i < n; i++) {
+        uint32_t a = gift__f2u(x[i]) & 0x7FFFFFFFu;
+        m = a > m ? a : m;
+        codes[i] = gift__bf16_rne(x[i]);
+    }
+    return m >= 0x7F800000u ? GIFT_ENONFINITE : 0;
+}
+
+static void AVX2 avx2_bf16_decode(const uint16_t *codes, size_t n, float *out, int acc)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i c = _mm_loadu_si128((const __m128i *)(codes + i));
+        __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(c), 16));
+        if (acc)
+            v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
+        _mm256_storeu_ps(out + i, v);
+    }
+    for (; i < n; i++) {
+        float v = gift__u2f((uint32_t)codes[i] << 16);
+        if (acc)
+            out[i] += v;
+        else
+            out[i] = v;
+    }
+}
+
+static int AVX2 avx2_f32_encode(const float *x, size_t n, float *out)
+{
+    const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256i mx = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(x + i));
+        mx = _mm256_max_epu32(mx, _mm256_and_si256(b, abs));
+        _mm256_storeu_si256((__m256i *)(out + i), b);
+    }
+    uint32_t m = hmax8(mx);
+    for (; i < n; i++) {
+        uint32_t a = gift__f2u(x[i]) & 0x7FFFFFFFu;
+        m = a > m ? a : m;
+        out[i] = x[i];
+    }
+    return m >= 0x7F800000u ? GIFT_ENONFINITE : 0;
+}
+
+static void AVX2 avx2_f32_decode(const float *codes, size_t n, float *out, int acc)
+{
+    size_t i = 0;
+    if (!acc) {
+        memcpy(out, codes, n * 4);
+        return;
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_loadu_ps(codes + i)));
+    for (; i < n; i++)
+        out[i] += codes[i];
+}
+
+static const gift__kernels_t kernels_avx2 = {
+    .fp8_encode = avx2_fp8_encode,
+    .fp8_decode = avx2_fp8_decode,
+    .byte_has_mask = avx2_byte_has_mask,
+    .amax_bits = avx2_amax_bits,
+    .nvfp4_encode = avx2_nvfp4_encode,
+    .nvfp4_decode = avx2_nvfp4_decode,
+    .bf16_encode = avx2_bf16_encode,
+    .bf16_decode = avx2_bf16_decode,
+    .f32_encode = avx2_f32_encode,
+    .f32_decode = avx2_f32_decode,
+};
+const gift__kernels_t *const gift__kernels_avx2 = &kernels_avx2;
+
+#else
+const gift__kernels_t *const gift__kernels_avx2 = NULL;
+#endif

@@ -1,1 +1,279 @@
-/* placeholder: being written */
+/*
+ * simd_avx512.c: AVX-512 (F, BW, VL, DQ) twins of the scalar kernels in
+ * format.c. Each step mirrors gift__cvt_rne and the decode arithmetic, so the
+ * bytes and floats are identical to the scalar path; tails use masked loads
+ * and stores. Selected at run time by format.c.
+ */
+#include <float.h>
+
+#include "gift_kernels.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+static inline __mmask16 AVX512 tail_mask(size_t len)
+{
+    return len >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << len) - 1);
+}
+
+/* 16 floats to small-float codes (one per 32-bit lane), RNE, saturating. */
+static inline __m512i AVX512 cvt16(const gift__minifmt_t *f, __m512 y)
+{
+    const int sh = 23 - f->mbits;
+    __m512i b = _mm512_castps_si512(y);
+    __m512i a = _mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, sh), _mm512_set1_epi32(1));
+    __m512i add = _mm512_add_epi32(_mm512_set1_epi32((1 << (sh - 1)) - 1), lsb);
+    __m512i cn = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(a, add), sh),
+                                  _mm512_set1_epi32((127 - f->bias) << f->mbits));
+    __m512 t = _mm512_mul_ps(_mm512_castsi512_ps(a),
+                             _mm512_set1_ps(gift__pow2f(f->bias - 1 + f->mbits)));
+    __m512i cs = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __mmask16 norm = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32((128 - f->bias) << 23));
+    __m512i c = _mm512_mask_blend_epi32(norm, cs, cn);
+    c = _mm512_min_epu32(c, _mm512_set1_epi32((int)f->maxcode));
+    return _mm512_or_si512(c, _mm512_slli_epi32(_mm512_srli_epi32(b, 31), f->signpos));
+}
+
+static inline uint32_t AVX512 amax16(const float *x, size_t len, __m512i m)
+{
+    for (size_t i = 0; i < len; i += 16) {
+        __m512i v = _mm512_maskz_loadu_epi32(tail_mask(len - i), x + i);
+        m = _mm512_max_epu32(m, _mm512_and_si512(v, _mm512_set1_epi32(0x7FFFFFFF)));
+    }
+    return (uint32_t)_mm512_reduce_max_epu32(m);
+}
+
+static uint32_t AVX512 avx512_amax_bits(const float *x, size_t n)
+{
+    __m512i m0 = _mm512_setzero_si512(), m1 = m0, m2 = m0, m3 = m0;
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_si512(x + i), abs));
+        m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_loadu_si512(x + i + 16), abs));
+        m2 = _mm512_max_epu32(m2, _mm512_and_si512(_mm512_loadu_si512(x + i + 32), abs));
+        m3 = _mm512_max_epu32(m3, _mm512_and_si512(_mm512_loadu_si512(x + i + 48), abs));
+    }
+    m0 = _mm512_max_epu32(_mm512_max_epu32(m0, m1), _mm512_max_epu32(m2, m3));
+    return amax16(x + i, n - i, m0);
+}
+
+static int AVX512 avx512_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n,
+                                    size_t block, float *scales, uint8_t *codes)
+{
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+        size_t len = n - b0 < block ? n - b0 : block;
+        uint32_t mb = amax16(x + b0, len, _mm512_setzero_si512());
+        float amax = gift__u2f(mb), scale, inv;
+        if (mb >= 0x7F800000u)
+            return GIFT_ENONFINITE;
+        scale = amax / f->fmax;
+        if (!(scale >= FLT_MIN)) {
+            scales[bi] = 0.0f;
+            memset(codes + b0, 0, len);
+            continue;
+        }
+        scales[bi] = scale;
+        inv = f->fmax / amax;
+        __m512 vinv = _mm512_set1_ps(inv);
+        for (size_t i = 0; i < len; i += 16) {
+            __mmask16 m = tail_mask(len - i);
+            __m512 v = _mm512_maskz_loadu_ps(m, x + b0 + i);
+            __m128i c = _mm512_cvtepi32_epi8(cvt16(f, _mm512_mul_ps(v, vinv)));
+            _mm_mask_storeu_epi8(codes + b0 + i, m, c);
+        }
+    }
+    return 0;
+}
+
+/* 16 code bytes to their fp32 values (finite codes), before scaling. */
+static inline __m512 AVX512 fp8_value16(const gift__minifmt_t *f, __m128i c8)
+{
+    const int sh = 23 - f->mbits;
+    __m512i c = _mm512_cvtepu8_epi32(c8);
+    __m512i mag = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x7F)), sh);
+    __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(gift__pow2f(127 - f->bias)));
+    __m512i s = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), s));
+}
+
+static void AVX512 avx512_fp8_decode(const gift__minifmt_t *f, const float *scales,
+                                     const uint8_t *codes, size_t n, size_t block, float *out,
+                                     int acc)
+{
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+        size_t len = n - b0 < block ? n - b0 : block;
+        __m512 s = _mm512_set1_ps(scales[bi]);
+        for (size_t i = 0; i < len; i += 16) {
+            __mmask16 m = tail_mask(len - i);
+            __m128i c = _mm_maskz_loadu_epi8(m, codes + b0 + i);
+            __m512 v = _mm512_mul_ps(fp8_value16(f, c), s);
+            if (acc)
+                v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + b0 + i), v);
+            _mm512_mask_storeu_ps(out + b0 + i, m, v);
+        }
+    }
+}
+
+static int AVX512 avx512_byte_has_mask(const uint8_t *codes, size_t n, uint8_t mask)
+{
+    const __m512i vm = _mm512_set1_epi8((char)mask);
+    __mmask64 bad = 0;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512i c = _mm512_loadu_si512(codes + i);
+        bad |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(c, vm), vm);
+    }
+    if (i < n) {
+        __mmask64 m = (__mmask64)((~0ull) >> (64 - (n - i)));
+        __m512i c = _mm512_maskz_loadu_epi8(m, codes + i);
+        bad |= _mm512_mask_cmpeq_epi8_mask(m, _mm512_and_si512(c, vm), vm);
+    }
+    return bad != 0;
+}
+
+/* Packs 16 nibble codes (one per byte, low 4 bits) into 8 bytes, low first. */
+static inline __m128i AVX512 nib_pack(__m128i b)
+{
+    __m128i lo = _mm_and_si128(b, _mm_set1_epi16(0x000F));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi16(0x00F0));
+    return _mm_packus_epi16(_mm_or_si128(lo, hi), _mm_setzero_si128());
+}
+
+static void AVX512 avx512_nvfp4_encode(const float *x, size_t n, float s_t, uint8_t *sb,
+                                       uint8_t *codes)
+{
+    const float st6 = s_t * 6.0f;
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += 16, bi++) {
+        size_t len = n - b0 < 16 ? n - b0 : 16;
+        __mmask16 m = tail_mask(len);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + b0);
+        uint32_t mb = (uint32_t)_mm512_reduce_max_epu32(
+            _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)));
+        float r = gift__u2f(mb) / st6;
+        uint8_t s = (uint8_t)gift__cvt_rne(&gift__fmt_e4m3, r);
+        float eff = gift__mini_value(&gift__fmt_e4m3, s) * s_t;
+        float inv = eff >= FLT_MIN ? 1.0f / eff : 0.0f;
+        __m128i packed;
+        sb[bi] = s;
+        if (inv == 0.0f)
+            packed = _mm_setzero_si128();
+        else
+            packed = nib_pack(
+                _mm512_cvtepi32_epi8(cvt16(&gift__fmt_e2m1, _mm512_mul_ps(v, _mm512_set1_ps(inv)))));
+        if (len == 16)
+            _mm_storel_epi64((__m128i *)(codes + (b0 >> 1)), packed);
+        else {
+            uint8_t tmp[16];
+            _mm_storeu_si128((__m128i *)tmp, packed);
+            memcpy(codes + (b0 >> 1), tmp, (len + 1) / 2);
+        }
+    }
+}
+
+static void AVX512 avx512_nvfp4_decode(const uint8_t *sb, float s_t, const uint8_t *codes,
+                                       size_t n, float *out, int acc)
+{
+    float lutf[16];
+    for (int c = 0; c < 16; c++)
+        lutf[c] = gift__mini_value(&gift__fmt_e2m1, (uint32_t)c);
+    const __m512 lut = _mm512_loadu_ps(lutf);
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += 16, bi++) {
+        size_t len = n - b0 < 16 ? n - b0 : 16;
+        __mmask16 m = tail_mask(len);
+        __m128i raw;
+        if (len == 16)
+            raw = _mm_loadl_epi64((const __m128i *)(codes + (b0 >> 1)));
+        else {
+            uint8_t tmp[16] = {0};
+            memcpy(tmp, codes + (b0 >> 1), (len + 1) / 2);
+            raw = _mm_loadu_si128((const __m128i *)tmp);
+        }
+        __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F));
+        __m512i c = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+        float eff = gift__mini_value(&gift__fmt_e4m3, sb[bi]) * s_t;
+        __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(c, lut), _mm512_set1_ps(eff));
+        if (acc)
+            v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + b0), v);
+        _mm512_mask_storeu_ps(out + b0, m, v);
+    }
+}
+
+static int AVX512 avx512_bf16_encode(const float *x, size_t n, uint16_t *codes)
+{
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i mx = _mm512_setzero_si512();
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512i b = _mm512_maskz_loadu_epi32(m, x + i);
+        __m512i a = _mm512_and_si512(b, abs);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 16), _mm512_set1_epi32(1));
+        __m512i c = _mm512_srli_epi32(
+            _mm512_add_epi32(a, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+        mx = _mm512_max_epu32(mx, a);
+        c = _mm512_min_epu32(c, _mm512_set1_epi32(0x7F7F));
+        c = _mm512_or_si512(c, _mm512_slli_epi32(_mm512_srli_epi32(b, 31), 15));
+        _mm256_mask_storeu_epi16(codes + i, m, _mm512_cvtepi32_epi16(c));
+    }
+    return (uint32_t)_mm512_reduce_max_epu32(mx) >= 0x7F800000u ? GIFT_ENONFINITE : 0;
+}
+
+static void AVX512 avx512_bf16_decode(const uint16_t *codes, size_t n, float *out, int acc)
+{
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m256i c = _mm256_maskz_loadu_epi16(m, codes + i);
+        __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(c), 16));
+        if (acc)
+            v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + i), v);
+        _mm512_mask_storeu_ps(out + i, m, v);
+    }
+}
+
+static int AVX512 avx512_f32_encode(const float *x, size_t n, float *out)
+{
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i mx = _mm512_setzero_si512();
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512i b = _mm512_maskz_loadu_epi32(m, x + i);
+        mx = _mm512_max_epu32(mx, _mm512_and_si512(b, abs));
+        _mm512_mask_storeu_epi32(out + i, m, b);
+    }
+    return (uint32_t)_mm512_reduce_max_epu32(mx) >= 0x7F800000u ? GIFT_ENONFINITE : 0;
+}
+
+static void AVX512 avx512_f32_decode(const float *codes, size_t n, float *out, int acc)
+{
+    if (!acc) {
+        memcpy(out, codes, n * 4);
+        return;
+    }
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + i), _mm512_maskz_loadu_ps(m, codes + i));
+        _mm512_mask_storeu_ps(out + i, m, v);
+    }
+}
+
+static const gift__kernels_t kernels_avx512 = {
+    .fp8_encode = avx512_fp8_encode,
+    .fp8_decode = avx512_fp8_decode,
+    .byte_has_mask = avx512_byte_has_mask,
+    .amax_bits = avx512_amax_bits,
+    .nvfp4_encode = avx512_nvfp4_encode,
+    .nvfp4_decode = avx512_nvfp4_decode,
+    .bf16_encode = avx512_bf16_encode,
+    .bf16_decode = avx512_bf16_decode,
+    .f32_encode = avx512_f32_encode,
+    .f32_decode = avx512_f32_decode,
+};
+const gift__kernels_t *const gift__kernels_avx512 = &kernels_avx512;
+
+#else
+const gift__kernels_t *const gift__kernels_avx512 = NULL;
+#endif
