@@ -357,6 +357,11 @@ static void nvfp4_encode_any(const float *x, size_t n, float s_t, uint8_t *sb, u
     }
 }
 
+void gift__nvfp4_block(const float *x, size_t len, float s_t, uint8_t *sb, uint8_t *codes)
+{
+    nvfp4_encode_any(x, len, s_t, sb, codes, NULL);
+}
+
 static void scalar_nvfp4_encode(const float *x, size_t n, float s_t, uint8_t *sb, uint8_t *codes)
 {
     nvfp4_encode_any(x, n, s_t, sb, codes, NULL);

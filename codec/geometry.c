@@ -1,1 +1,582 @@
-/* placeholder: being written */
+/*
+ * geometry.c: the GIFT geometry (DESIGN.md section 2). Rank policy, the
+ * random starting basis, the stable Nystrom update from summed sketches, the
+ * sketch itself, the transform T = c I + U_k diag(d) U_k^T and its inverse,
+ * and error feedback in transformed coordinates.
+ *
+ * All dense algebra goes through cblas and LAPACKE. The update works in
+ * double precision on column-major buffers kept in g->ws, so that neither
+ * LAPACKE (which transposes row-major input into fresh memory) nor this file
+ * allocates after gift_geometry_init.
+ */
+#include <cblas.h>
+#include <lapacke.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gift_codec.h"
+
+/* The Nystrom shift starts at GIFT__NU_EPS * sqrt(din) * ||Y||_F (double
+ * rounding level) and grows by GIFT__NU_GROWTH after each failed Cholesky,
+ * for at most GIFT__CHOL_TRIES attempts. Sketches arrive in fp32, so a
+ * rank-deficient A typically needs the shift to reach ~1e-7 relative. */
+#define GIFT__NU_EPS 2.220446049250313e-16
+#define GIFT__NU_GROWTH 100.0
+#define GIFT__CHOL_TRIES 7
+
+/* Update workspace, all column-major doubles. */
+typedef struct gift__geo_ws {
+    double *Q;         /* din x ks: the sketch basis, later the new U */
+    double *B;         /* din x ks: Y + nu Q, then Y_nu C^-1, then its Q factor */
+    double *M;         /* ks x ks: Q^T Y_nu, its Cholesky factor, then R R^T / eigvecs */
+    double *R;         /* ks x ks: the R factor of B */
+    double *tau;       /* ks: Householder scalars */
+    double *w;         /* ks: eigenvalues, then lambda in descending order */
+    double *work;      /* lwork doubles for dgeqrf/dorgqr/dsyevd */
+    lapack_int *iwork; /* liwork ints for dsyevd */
+    lapack_int lwork, liwork;
+} gift__geo_ws_t;
+
+int gift_rank_default(int rows, int din)
+{
+    int k;
+
+    if (rows < 1 || din < 1)
+        return GIFT_EINVAL;
+    if (din <= 256)
+        return din;
+    k = din / 4 + (din % 4 != 0); /* ceil(din / 4) */
+    k = (k + 15) / 16 * 16;
+    if (k < 64)
+        k = 64;
+    if (k > 512)
+        k = 512;
+    return k < din ? k : din;
+}
+
+int gift_basis_cols(int din, int k, int oversample)
+{
+    long ks;
+
+    if (din < 1 || k < 1 || k > din || oversample < 0)
+        return GIFT_EINVAL;
+    ks = (long)k + oversample;
+    return ks < din ? (int)ks : din;
+}
+
+/* splitmix64: the seed stream for the random starting basis. */
+static uint64_t gift__splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* A uniform double in the open interval (0, 1). */
+static double gift__uniform(uint64_t *s)
+{
+    return ((double)(gift__splitmix64(s) >> 11) + 0.5) * 0x1.0p-53;
+}
+
+/* Fills n doubles with standard normals (Box-Muller), a pure function of seed. */
+static void gift__gaussians(double *x, size_t n, uint64_t seed)
+{
+    const double two_pi = 6.283185307179586;
+    uint64_t s = seed;
+    size_t i;
+
+    for (i = 0; i < n; i += 2) {
+        double u1 = gift__uniform(&s), u2 = gift__uniform(&s);
+        double r = sqrt(-2.0 * log(u1));
+
+        x[i] = r * cos(two_pi * u2);
+        if (i + 1 < n)
+            x[i + 1] = r * sin(two_pi * u2);
+    }
+}
+
+static void gift__ws_free(gift__geo_ws_t *ws)
+{
+    if (ws == NULL)
+        return;
+    free(ws->iwork);
+    free(ws->Q);
+    free(ws);
+}
+
+/* Allocates the update workspace for din x ks, sizing the LAPACK work arrays
+ * by workspace queries. Returns NULL on allocation or query failure. */
+static gift__geo_ws_t *gift__ws_alloc(int din, int ks)
+{
+    gift__geo_ws_t *ws;
+    double dummy[1] = {0.0}, q = 0.0, qe = 0.0;
+    lapack_int qi = 0, lw;
+    size_t dks = (size_t)din * ks, kk = (size_t)ks * ks;
+
+    if ((ws = calloc(1, sizeof(*ws))) == NULL)
+        goto out;
+    /* Workspace queries: lwork = -1 touches no matrix. */
+    if (LAPACKE_dgeqrf_work(LAPACK_COL_MAJOR, din, ks, dummy, din, dummy, &q, -1) != 0)
+        goto out_free_ws;
+    lw = (lapack_int)q;
+    if (LAPACKE_dorgqr_work(LAPACK_COL_MAJOR, din, ks, ks, dummy, din, dummy, &q, -1) != 0)
+        goto out_free_ws;
+    if ((lapack_int)q > lw)
+        lw = (lapack_int)q;
+    if (LAPACKE_dsyevd_work(LAPACK_COL_MAJOR, 'V', 'U', ks, dummy, ks, dummy, &qe, -1, &qi,
+                            -1) != 0)
+        goto out_free_ws;
+    if ((lapack_int)qe > lw)
+        lw = (lapack_int)qe;
+    ws->lwork = lw > 1 ? lw : 1;
+    ws->liwork = qi > 1 ? qi : 1;
+
+    ws->Q = malloc((2 * dks + 2 * kk + 2 * (size_t)ks + (size_t)ws->lwork) * sizeof(double));
+    if (ws->Q == NULL)
+        goto out_free_ws;
+    ws->B = ws->Q + dks;
+    ws->M = ws->B + dks;
+    ws->R = ws->M + kk;
+    ws->tau = ws->R + kk;
+    ws->w = ws->tau + ks;
+    ws->work = ws->w + ks;
+    if ((ws->iwork = malloc((size_t)ws->liwork * sizeof(lapack_int))) == NULL)
+        goto out_free_ws;
+    return ws;
+
+out_free_ws:
+    gift__ws_free(ws);
+out:
+    return NULL;
+}
+
+/* Sets the scalars of the identity transform: c = c_inv = 1, d = d_inv = 0. */
+static void gift__set_identity(gift_geometry_t *g)
+{
+    g->identity = 1;
+    g->sigma2 = 0.0;
+    g->delta = 0.0;
+    g->c = 1.0f;
+    g->c_inv = 1.0f;
+    memset(g->d, 0, (size_t)g->k * sizeof(float));
+    memset(g->d_inv, 0, (size_t)g->k * sizeof(float));
+    memset(g->lambda, 0, (size_t)g->ks * sizeof(float));
+}
+
+/*
+ * gift_geometry_init: allocates every buffer of g for (din, k, ks) once,
+ * including the update workspace, and sets epoch 0: the identity transform
+ * with a random orthonormal basis U that is a pure function of seed (for one
+ * BLAS/LAPACK build). g is zeroed first, so gift_geometry_free is safe after
+ * any failure. Returns 0, GIFT_EINVAL (bad sizes), GIFT_ENOMEM or GIFT_ELAPACK.
+ */
+int gift_geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed)
+{
+    gift__geo_ws_t *ws;
+    size_t dks, i, j;
+    int rc = GIFT_EINVAL;
+
+    if (g == NULL)
+        goto out;
+    memset(g, 0, sizeof(*g));
+    if (din < 1 || k < 1 || k > ks || ks > din)
+        goto out;
+    g->din = din;
+    g->k = k;
+    g->ks = ks;
+    dks = (size_t)din * ks;
+    rc = GIFT_ENOMEM;
+    g->U = malloc(dks * sizeof(float));
+    g->lambda = malloc((size_t)ks * sizeof(float));
+    g->d = malloc((size_t)k * sizeof(float));
+    g->d_inv = malloc((size_t)k * sizeof(float));
+    if (g->U == NULL || g->lambda == NULL || g->d == NULL || g->d_inv == NULL)
+        goto out_free_g;
+    if ((ws = gift__ws_alloc(din, ks)) == NULL)
+        goto out_free_g;
+    g->ws = ws;
+
+    /* Q = qr(Gaussian din x ks), column-major in ws->Q. */
+    rc = GIFT_ELAPACK;
+    gift__gaussians(ws->Q, dks, seed);
+    if (LAPACKE_dgeqrf_work(LAPACK_COL_MAJOR, din, ks, ws->Q, din, ws->tau, ws->work,
+                            ws->lwork) != 0)
+        goto out_free_g;
+    if (LAPACKE_dorgqr_work(LAPACK_COL_MAJOR, din, ks, ks, ws->Q, din, ws->tau, ws->work,
+                            ws->lwork) != 0)
+        goto out_free_g;
+    for (i = 0; i < (size_t)din; i++)
+        for (j = 0; j < (size_t)ks; j++)
+            g->U[i * ks + j] = (float)ws->Q[j * din + i];
+
+    gift__set_identity(g);
+    g->trace = 0.0;
+    g->epoch = 0;
+    return 0;
+
+out_free_g:
+    gift_geometry_free(g);
+out:
+    return rc;
+}
+
+void gift_geometry_free(gift_geometry_t *g)
+{
+    if (g == NULL)
+        return;
+    free(g->U);
+    free(g->lambda);
+    free(g->d);
+    free(g->d_inv);
+    gift__ws_free(g->ws);
+    memset(g, 0, sizeof(*g));
+}
+
+/*
+ * gift_geometry_copy: copies the published state of src (U, lambda, d, d_inv
+ * and the scalars) into dst, which must have been initialised with the same
+ * din, k and ks; dst keeps its own workspace. Returns 0 or GIFT_EINVAL.
+ */
+int gift_geometry_copy(gift_geometry_t *dst, const gift_geometry_t *src)
+{
+    if (dst == NULL || src == NULL || dst->U == NULL || src->U == NULL)
+        return GIFT_EINVAL;
+    if (dst == src)
+        return 0;
+    if (dst->din != src->din || dst->k != src->k || dst->ks != src->ks)
+        return GIFT_EINVAL;
+    memcpy(dst->U, src->U, (size_t)src->din * src->ks * sizeof(float));
+    memcpy(dst->lambda, src->lambda, (size_t)src->ks * sizeof(float));
+    memcpy(dst->d, src->d, (size_t)src->k * sizeof(float));
+    memcpy(dst->d_inv, src->d_inv, (size_t)src->k * sizeof(float));
+    dst->trace = src->trace;
+    dst->sigma2 = src->sigma2;
+    dst->delta = src->delta;
+    dst->c = src->c;
+    dst->c_inv = src->c_inv;
+    dst->epoch = src->epoch;
+    dst->identity = src->identity;
+    return 0;
+}
+
+/* True if x is finite and non-zero as a float (a usable transform scalar). */
+static int gift__usable(double x)
+{
+    float f = (float)x;
+
+    return isfinite(f) && f != 0.0f;
+}
+
+/*
+ * gift_geometry_update: builds the next epoch from the summed sketch
+ * Y = sum_r A_r Q (din x ks, row-major fp32, Q = g->U) and the summed trace.
+ *
+ * Stable Nystrom (Tropp, Yurtsever, Udell, Cevher 2017), in double:
+ * Y_nu = Y + nu Q, C = chol(sym(Q^T Y_nu)) (nu grows on failure), B = Y_nu C^-1,
+ * B = Q_b R, eig(R R^T) = W S W^T, U = Q_b W (descending), lambda = max(0, S - nu).
+ * Then sigma2, delta, c, d, c_inv, d_inv as in DESIGN.md section 2.
+ *
+ * trace <= 0 gives the identity transform (U kept as the next basis). Either way
+ * the epoch advances by one. On any error g is left exactly as it was.
+ * Returns 0; GIFT_EINVAL for NULL/uninitialised g, NaN/Inf in Y or trace, a
+ * negative or non-finite damping, or scalars that do not fit a float or make T
+ * singular (damping 0 with a rank-deficient A); GIFT_ELAPACK when Q^T Y_nu is
+ * not positive definite even after the largest shift (Y is not a PSD sketch)
+ * or LAPACK fails.
+ */
+int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, double damping)
+{
+    gift__geo_ws_t *ws;
+    size_t din, ks, k, i, j, dks;
+    double normy = 0.0, nu, sumk = 0.0, sigma2, delta, base;
+    lapack_int info = 1;
+    int attempt, rc = GIFT_EINVAL;
+
+    if (g == NULL || g->U == NULL || g->ws == NULL || Y == NULL)
+        goto out;
+    if (!isfinite(trace) || !isfinite(damping) || damping < 0.0)
+        goto out;
+    ws = g->ws;
+    din = (size_t)g->din;
+    ks = (size_t)g->ks;
+    k = (size_t)g->k;
+    dks = din * ks;
+
+    if (trace <= 0.0) {
+        gift__set_identity(g);
+        g->trace = trace;
+        g->epoch++;
+        return 0;
+    }
+
+    for (i = 0; i < dks; i++)
+        normy += (double)Y[i] * Y[i];
+    if (!isfinite(normy))
+        goto out;
+    normy = sqrt(normy);
+    for (i = 0; i < din; i++)
+        for (j = 0; j < ks; j++)
+            ws->Q[j * din + i] = g->U[i * ks + j];
+
+    /* C = chol(Q^T Y_nu), growing nu until Q^T Y_nu is positive definite.
+     * A zero Y (A orthogonal to Q) is handled by any positive shift. */
+    rc = GIFT_ELAPACK;
+    nu = normy > 0.0 ? GIFT__NU_EPS * sqrt((double)din) * normy : 1.0;
+    for (attempt = 0; attempt < GIFT__CHOL_TRIES; attempt++, nu *= GIFT__NU_GROWTH) {
+        for (i = 0; i < din; i++)
+            for (j = 0; j < ks; j++)
+                ws->B[j * din + i] = (double)Y[i * ks + j] + nu * ws->Q[j * din + i];
+        cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)ks, (int)ks, (int)din, 1.0,
+                    ws->Q, (int)din, ws->B, (int)din, 0.0, ws->M, (int)ks);
+        for (j = 0; j < ks; j++)
+            for (i = 0; i < j; i++) {
+                double s = 0.5 * (ws->M[j * ks + i] + ws->M[i * ks + j]);
+
+                ws->M[j * ks + i] = s;
+                ws->M[i * ks + j] = s;
+            }
+        info = LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'U', (lapack_int)ks, ws->M, (lapack_int)ks);
+        if (info == 0)
+            break;
+        if (info < 0)
+            goto out;
+    }
+    if (info != 0)
+        goto out;
+
+    /* B = Y_nu C^-1, then B = Q_b R. */
+    cblas_dtrsm(CblasColMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, (int)din,
+                (int)ks, 1.0, ws->M, (int)ks, ws->B, (int)din);
+    if (LAPACKE_dgeqrf_work(LAPACK_COL_MAJOR, (lapack_int)din, (lapack_int)ks, ws->B,
+                            (lapack_int)din, ws->tau, ws->work, ws->lwork) != 0)
+        goto out;
+    for (j = 0; j < ks; j++)
+        for (i = 0; i < ks; i++)
+            ws->R[j * ks + i] = i <= j ? ws->B[j * din + i] : 0.0;
+    /* M = R R^T (upper triangle), B = Q_b. */
+    cblas_dsyrk(CblasColMajor, CblasUpper, CblasNoTrans, (int)ks, (int)ks, 1.0, ws->R, (int)ks,
+                0.0, ws->M, (int)ks);
+    if (LAPACKE_dorgqr_work(LAPACK_COL_MAJOR, (lapack_int)din, (lapack_int)ks, (lapack_int)ks,
+                            ws->B, (lapack_int)din, ws->tau, ws->work, ws->lwork) != 0)
+        goto out;
+    if (LAPACKE_dsyevd_work(LAPACK_COL_MAJOR, 'V', 'U', (lapack_int)ks, ws->M, (lapack_int)ks,
+                            ws->w, ws->work, ws->lwork, ws->iwork, ws->liwork) != 0)
+        goto out;
+    /* New basis Q = Q_b W (eigenvalues ascending: reversed when stored). */
+    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)din, (int)ks, (int)ks, 1.0,
+                ws->B, (int)din, ws->M, (int)ks, 0.0, ws->Q, (int)din);
+
+    /* lambda, descending, into tau (free now). */
+    for (j = 0; j < ks; j++) {
+        double l = ws->w[ks - 1 - j] - nu;
+
+        ws->tau[j] = l > 0.0 ? l : 0.0;
+    }
+    for (j = 0; j < k; j++)
+        sumk += ws->tau[j];
+    sigma2 = 0.0;
+    if (k < din) {
+        sigma2 = (trace - sumk) / (double)(din - k);
+        if (sigma2 < 0.0)
+            sigma2 = 0.0;
+    }
+    delta = damping * trace / (double)din;
+
+    /* Validate every scalar before g changes. */
+    rc = GIFT_EINVAL;
+    base = sigma2 + delta;
+    if (!(base > 0.0) || !gift__usable(1.0 / sqrt(base)) || !gift__usable(sqrt(base)))
+        goto out;
+    for (j = 0; j < k; j++) {
+        double e = ws->tau[j] + delta;
+
+        if (!(e > 0.0) || !isfinite((float)(1.0 / sqrt(e))) || !isfinite((float)sqrt(e)))
+            goto out;
+    }
+
+    for (i = 0; i < din; i++)
+        for (j = 0; j < ks; j++)
+            g->U[i * ks + j] = (float)ws->Q[(ks - 1 - j) * din + i];
+    for (j = 0; j < ks; j++)
+        g->lambda[j] = (float)ws->tau[j];
+    g->c = (float)(1.0 / sqrt(base));
+    g->c_inv = (float)sqrt(base);
+    for (j = 0; j < k; j++) {
+        double e = ws->tau[j] + delta;
+
+        g->d[j] = (float)(1.0 / sqrt(e) - 1.0 / sqrt(base));
+        g->d_inv[j] = (float)(sqrt(e) - sqrt(base));
+    }
+    g->trace = trace;
+    g->sigma2 = sigma2;
+    g->delta = delta;
+    g->identity = 0;
+    g->epoch++;
+    rc = 0;
+out:
+    return rc;
+}
+
+/*
+ * gift_sketch: Y = X^T (X Q) / n (din x ks) and *trace = ||X||_F^2 / n, with
+ * X n x din and Q din x ks row-major; work holds n * ks floats. The trace is
+ * computed first, in double: NaN/Inf in X returns GIFT_ENONFINITE with Y
+ * untouched. Returns 0, GIFT_EINVAL or GIFT_ENONFINITE.
+ */
+int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y,
+                double *trace, float *work)
+{
+    double t = 0.0;
+    size_t i, nx;
+
+    if (X == NULL || Q == NULL || Y == NULL || trace == NULL || work == NULL)
+        return GIFT_EINVAL;
+    if (n < 1 || din < 1 || ks < 1 || ks > din)
+        return GIFT_EINVAL;
+    nx = (size_t)n * din;
+    for (i = 0; i < nx; i++)
+        t += (double)X[i] * X[i];
+    if (!isfinite(t))
+        return GIFT_ENONFINITE;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, ks, din, 1.0f, X, din, Q, ks,
+                0.0f, work, ks);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, din, ks, n, 1.0f / (float)n, X, din,
+                work, ks, 0.0f, Y, ks);
+    *trace = t / (double)n;
+    return 0;
+}
+
+/*
+ * gift_transform: out = G T (inverse 0) or G T^-1 (inverse 1) for rows x din
+ * row-major G, as out = c G + ((G U_k) diag(d)) U_k^T with two cblas_sgemm.
+ * out may equal G but must not overlap it otherwise; work holds rows * k
+ * floats (unused, and may be NULL, for an identity geometry, which copies).
+ * Returns 0 or GIFT_EINVAL.
+ */
+int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int rows,
+                   float *out, float *work)
+{
+    const float *d;
+    float c;
+    size_t i, j, n, k;
+
+    if (g == NULL || g->U == NULL || G == NULL || out == NULL || rows < 0)
+        return GIFT_EINVAL;
+    if (inverse != 0 && inverse != 1)
+        return GIFT_EINVAL;
+    n = (size_t)rows * g->din;
+    if (g->identity) {
+        if (out != G)
+            memcpy(out, G, n * sizeof(float));
+        return 0;
+    }
+    if (work == NULL)
+        return GIFT_EINVAL;
+    if (rows == 0)
+        return 0;
+    k = (size_t)g->k;
+    c = inverse ? g->c_inv : g->c;
+    d = inverse ? g->d_inv : g->d;
+
+    /* W = G U_k (the first k of ks columns), scaled by d column-wise. */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g->k, g->din, 1.0f, G, g->din,
+                g->U, g->ks, 0.0f, work, g->k);
+    for (i = 0; i < (size_t)rows; i++)
+        for (j = 0; j < k; j++)
+            work[i * k + j] *= d[j];
+    /* out = c G + W U_k^T. */
+    for (i = 0; i < n; i++)
+        out[i] = c * G[i];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, g->din, g->k, 1.0f, work, g->k,
+                g->U, g->ks, 1.0f, out, g->din);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Error feedback                                                        */
+/* ------------------------------------------------------------------ */
+
+/* gift_ef_init: allocates a zero residual of rows x din at epoch 0.
+ * Returns 0, GIFT_EINVAL or GIFT_ENOMEM; free with gift_ef_free. */
+int gift_ef_init(gift_ef_t *ef, int rows, int din)
+{
+    if (ef == NULL)
+        return GIFT_EINVAL;
+    memset(ef, 0, sizeof(*ef));
+    if (rows < 1 || din < 1)
+        return GIFT_EINVAL;
+    if ((ef->e = calloc((size_t)rows * din, sizeof(float))) == NULL)
+        return GIFT_ENOMEM;
+    ef->rows = rows;
+    ef->din = din;
+    ef->epoch = 0;
+    return 0;
+}
+
+void gift_ef_free(gift_ef_t *ef)
+{
+    if (ef == NULL)
+        return;
+    free(ef->e);
+    memset(ef, 0, sizeof(*ef));
+}
+
+void gift_ef_add(const gift_ef_t *ef, float *p)
+{
+    size_t i, n;
+
+    if (ef == NULL || ef->e == NULL || p == NULL)
+        return;
+    n = (size_t)ef->rows * ef->din;
+    for (i = 0; i < n; i++)
+        p[i] += ef->e[i];
+}
+
+void gift_ef_update(gift_ef_t *ef, const float *p, const float *decoded)
+{
+    size_t i, n;
+
+    if (ef == NULL || ef->e == NULL || p == NULL || decoded == NULL)
+        return;
+    n = (size_t)ef->rows * ef->din;
+    for (i = 0; i < n; i++)
+        ef->e[i] = p[i] - decoded[i];
+}
+
+void gift_ef_reset(gift_ef_t *ef, uint32_t epoch)
+{
+    if (ef == NULL || ef->e == NULL)
+        return;
+    memset(ef->e, 0, (size_t)ef->rows * ef->din * sizeof(float));
+    ef->epoch = epoch;
+}
+
+/*
+ * gift_ef_rebase: e <- (e T_old^-1) T_new in place, then stamps new_g->epoch.
+ * e must be expressed in old_g's epoch (ef->epoch == old_g->epoch) and both
+ * geometries must have ef->din columns; work holds rows * max(k_old, k_new)
+ * floats. Returns 0 or GIFT_EINVAL (e untouched).
+ */
+int gift_ef_rebase(gift_ef_t *ef, const gift_geometry_t *old_g, const gift_geometry_t *new_g,
+                   float *work)
+{
+    int rc;
+
+    if (ef == NULL || ef->e == NULL || old_g == NULL || new_g == NULL)
+        return GIFT_EINVAL;
+    if (old_g->din != ef->din || new_g->din != ef->din || ef->epoch != old_g->epoch)
+        return GIFT_EINVAL;
+    if (work == NULL && (!old_g->identity || !new_g->identity))
+        return GIFT_EINVAL;
+    if (old_g->U == NULL || new_g->U == NULL)
+        return GIFT_EINVAL;
+    if ((rc = gift_transform(old_g, 1, ef->e, ef->rows, ef->e, work)) < 0)
+        return rc;
+    if ((rc = gift_transform(new_g, 0, ef->e, ef->rows, ef->e, work)) < 0)
+        return rc;
+    ef->epoch = new_g->epoch;
+    return 0;
+}

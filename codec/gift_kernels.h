@@ -52,6 +52,10 @@ typedef struct gift__kernels {
 } gift__kernels_t;
 
 extern const gift__kernels_t gift__kernels_scalar;
+
+/* One nvfp4 block of len <= 16 elements by the reference arithmetic (RNE):
+ * writes its scale byte and (len + 1) / 2 code bytes. SIMD tails use it. */
+void gift__nvfp4_block(const float *x, size_t len, float s_t, uint8_t *sb, uint8_t *codes);
 /* NULL when the compiler could not build that path. */
 extern const gift__kernels_t *const gift__kernels_avx2;
 extern const gift__kernels_t *const gift__kernels_avx512;

@@ -1,1 +1,260 @@
-/* placeholder: being written */
+/*
+ * metrics.c: fidelity metrics of DESIGN.md section 3 (RelL2, cosine, the
+ * whitened error and the error of Muon's Newton-Schulz update). These are
+ * diagnostics: they work in double precision and allocate freely.
+ */
+#include <cblas.h>
+#include <lapacke.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gift_codec.h"
+
+/* Muon's quintic Newton-Schulz coefficients and step count. */
+#define GIFT__NS_A 3.4445
+#define GIFT__NS_B (-4.7750)
+#define GIFT__NS_C 2.0315
+#define GIFT__NS_STEPS 5
+#define GIFT__NS_EPS 1e-7
+
+/* num / den for two norms: 0 when both are zero, +Inf when only den is. */
+static double gift__ratio(double num, double den)
+{
+    if (den > 0.0)
+        return num / den;
+    return num > 0.0 ? INFINITY : 0.0;
+}
+
+/*
+ * gift_metric_rel_l2: ||Gh - G||_F / ||G||_F over n elements, accumulated in
+ * double. 0 when both are zero, +Inf when only G is; (double)GIFT_EINVAL for a
+ * NULL pointer with n > 0. NaN in the input gives NaN.
+ */
+double gift_metric_rel_l2(const float *G, const float *Gh, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    size_t i;
+
+    if (n == 0)
+        return 0.0;
+    if (G == NULL || Gh == NULL)
+        return (double)GIFT_EINVAL;
+    for (i = 0; i < n; i++) {
+        double g = G[i], e = (double)Gh[i] - g;
+
+        num += e * e;
+        den += g * g;
+    }
+    return gift__ratio(sqrt(num), sqrt(den));
+}
+
+/*
+ * gift_metric_cosine: <G, Gh> / (||G|| ||Gh||), accumulated in double. When a
+ * norm is zero: 1 if both are zero (identical), else 0. NaN for a NULL
+ * pointer with n > 0 (no error code fits: every value in [-1, 1] is valid).
+ */
+double gift_metric_cosine(const float *G, const float *Gh, size_t n)
+{
+    double dot = 0.0, ng = 0.0, nh = 0.0;
+    size_t i;
+
+    if (n == 0)
+        return 1.0;
+    if (G == NULL || Gh == NULL)
+        return NAN;
+    for (i = 0; i < n; i++) {
+        double g = G[i], h = Gh[i];
+
+        dot += g * h;
+        ng += g * g;
+        nh += h * h;
+    }
+    if (ng == 0.0 || nh == 0.0)
+        return ng == nh ? 1.0 : 0.0;
+    return dot / (sqrt(ng) * sqrt(nh));
+}
+
+/*
+ * gift_metric_whitened: ||(Gh - G) L||_F / ||G L||_F with L = (A + delta I)^-1/2,
+ * delta = damping tr(A) / din, A (din x din, row-major) symmetrised first.
+ * L = V diag((lambda + delta)^-1/2) V^T from LAPACKE_dsyevd; since V is
+ * orthogonal, ||X L|| = ||X V diag(.)|| and only X V is formed (cblas_dgemm).
+ * Eigenvalues below zero (rounding) count as zero. Returns the ratio (0 for
+ * rows == 0), or GIFT_EINVAL (bad arguments, tr A <= 0, or A + delta I not
+ * positive definite), GIFT_ENOMEM, GIFT_ELAPACK.
+ */
+double gift_metric_whitened(const float *G, const float *Gh, int rows, int din,
+                            const float *A, double damping)
+{
+    double *V = NULL, *lam, *X = NULL, *XV;
+    double tr = 0.0, delta, num = 0.0, den = 0.0;
+    size_t i, j, nd, nx;
+    double rc = GIFT_EINVAL;
+
+    if (G == NULL || Gh == NULL || A == NULL || rows < 0 || din < 1)
+        goto out;
+    if (!isfinite(damping) || damping < 0.0)
+        goto out;
+    if (rows == 0) {
+        rc = 0.0;
+        goto out;
+    }
+    nd = (size_t)din;
+    nx = (size_t)rows * nd;
+
+    rc = GIFT_ENOMEM;
+    if ((V = malloc((nd * nd + nd) * sizeof(double))) == NULL)
+        goto out;
+    lam = V + nd * nd;
+    if ((X = malloc(4 * nx * sizeof(double))) == NULL)
+        goto out_free_v;
+    XV = X + 2 * nx;
+
+    for (i = 0; i < nd; i++) {
+        tr += A[i * nd + i];
+        for (j = 0; j < nd; j++)
+            V[j * nd + i] = 0.5 * ((double)A[i * nd + j] + A[j * nd + i]);
+    }
+    rc = GIFT_EINVAL;
+    if (!(tr > 0.0) || !isfinite(tr))
+        goto out_free_x;
+    delta = damping * tr / (double)din;
+    rc = GIFT_ELAPACK;
+    if (LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'V', 'U', din, V, din, lam) != 0)
+        goto out_free_x;
+    rc = GIFT_EINVAL;
+    for (j = 0; j < nd; j++) {
+        double e = (lam[j] > 0.0 ? lam[j] : 0.0) + delta;
+
+        if (!(e > 0.0))
+            goto out_free_x;
+        lam[j] = 1.0 / sqrt(e);
+    }
+
+    /* X = [Gh - G; G] (2 rows x din, row-major), XV = X V. */
+    for (i = 0; i < nx; i++) {
+        X[i] = (double)Gh[i] - (double)G[i];
+        X[nx + i] = G[i];
+    }
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 2 * rows, din, din, 1.0, X, din, V,
+                din, 0.0, XV, din);
+    /* V is column-major: row-major V^T. Hence the CblasTrans above. */
+    for (i = 0; i < (size_t)rows; i++)
+        for (j = 0; j < nd; j++) {
+            double a = XV[i * nd + j] * lam[j], b = XV[nx + i * nd + j] * lam[j];
+
+            num += a * a;
+            den += b * b;
+        }
+    rc = gift__ratio(sqrt(num), sqrt(den));
+
+out_free_x:
+    free(X);
+out_free_v:
+    free(V);
+out:
+    return rc;
+}
+
+/*
+ * gift_ns5: Muon's orthogonalisation. X = G / (||G||_F + 1e-7) in double,
+ * worked on as m x n with m = min(rows, din) (G^T when rows > din); five steps
+ * of A = X X^T, B = b A + c A A, X = a X + B X with cblas_dgemm; the result,
+ * transposed back, goes to out (rows x din, row-major double). Returns 0,
+ * GIFT_EINVAL or GIFT_ENOMEM.
+ */
+int gift_ns5(const float *G, int rows, int din, double *out)
+{
+    double *buf, *X, *Xn, *Am, *Bm, *t, norm = 0.0;
+    size_t i, j, nx;
+    int m, n, tall, step, rc = GIFT_EINVAL;
+
+    if (G == NULL || out == NULL || rows < 1 || din < 1)
+        goto out;
+    tall = rows > din;
+    m = tall ? din : rows;
+    n = tall ? rows : din;
+    nx = (size_t)rows * din;
+
+    rc = GIFT_ENOMEM;
+    if ((buf = malloc((2 * nx + 2 * (size_t)m * m) * sizeof(double))) == NULL)
+        goto out;
+    X = buf;
+    Xn = X + nx;
+    Am = Xn + nx;
+    Bm = Am + (size_t)m * m;
+
+    for (i = 0; i < nx; i++)
+        norm += (double)G[i] * G[i];
+    norm = sqrt(norm) + GIFT__NS_EPS;
+    for (i = 0; i < (size_t)rows; i++)
+        for (j = 0; j < (size_t)din; j++) {
+            double v = G[i * din + j] / norm;
+
+            if (tall)
+                X[j * rows + i] = v;
+            else
+                X[i * din + j] = v;
+        }
+
+    for (step = 0; step < GIFT__NS_STEPS; step++) {
+        /* A = X X^T; B = b A + c A A; Xn = a X + B X. */
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0, X, n, X, n, 0.0, Am,
+                    m);
+        for (i = 0; i < (size_t)m * m; i++)
+            Bm[i] = GIFT__NS_B * Am[i];
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, GIFT__NS_C, Am, m, Am, m,
+                    1.0, Bm, m);
+        for (i = 0; i < nx; i++)
+            Xn[i] = GIFT__NS_A * X[i];
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0, Bm, m, X, n, 1.0, Xn,
+                    n);
+        t = X;
+        X = Xn;
+        Xn = t;
+    }
+
+    for (i = 0; i < (size_t)rows; i++)
+        for (j = 0; j < (size_t)din; j++)
+            out[i * din + j] = tall ? X[j * rows + i] : X[i * din + j];
+    free(buf);
+    rc = 0;
+out:
+    return rc;
+}
+
+/*
+ * gift_metric_muon: ||NS5(Gh) - NS5(G)||_F / ||NS5(G)||_F (0 when both are
+ * zero). Returns the ratio or GIFT_EINVAL / GIFT_ENOMEM.
+ */
+double gift_metric_muon(const float *G, const float *Gh, int rows, int din)
+{
+    double *P = NULL, *Ph, num = 0.0, den = 0.0;
+    size_t i, nx;
+    double rc = GIFT_EINVAL;
+    int r;
+
+    if (G == NULL || Gh == NULL || rows < 1 || din < 1)
+        goto out;
+    nx = (size_t)rows * din;
+    rc = GIFT_ENOMEM;
+    if ((P = malloc(2 * nx * sizeof(double))) == NULL)
+        goto out;
+    Ph = P + nx;
+    if ((r = gift_ns5(G, rows, din, P)) < 0 || (r = gift_ns5(Gh, rows, din, Ph)) < 0) {
+        rc = r;
+        goto out_free_p;
+    }
+    for (i = 0; i < nx; i++) {
+        double e = Ph[i] - P[i];
+
+        num += e * e;
+        den += P[i] * P[i];
+    }
+    rc = gift__ratio(sqrt(num), sqrt(den));
+out_free_p:
+    free(P);
+out:
+    return rc;
+}

@@ -103,15 +103,20 @@ static int AVX2 avx2_fp8_encode(const gift__minifmt_t *f, const float *x, size_t
     return 0;
 }
 
-/* 8 code bytes to their fp32 values (finite codes), before scaling. */
-static inline __m256 AVX2 fp8_value8(const gift__minifmt_t *f, __m128i c8)
+/* 8 codes (one per 32-bit lane, finite) to their fp32 values, unscaled. */
+static inline __m256 AVX2 fp8_lanes_value8(const gift__minifmt_t *f, __m256i c)
 {
     const int sh = 23 - f->mbits;
-    __m256i c = _mm256_cvtepu8_epi32(c8);
     __m256i mag = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7F)), sh);
     __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(gift__pow2f(127 - f->bias)));
     __m256i s = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
     return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), s));
+}
+
+/* 8 code bytes to their fp32 values (finite codes), before scaling. */
+static inline __m256 AVX2 fp8_value8(const gift__minifmt_t *f, __m128i c8)
+{
+    return fp8_lanes_value8(f, _mm256_cvtepu8_epi32(c8));
 }
 
 static void AVX2 avx2_fp8_decode(const gift__minifmt_t *f, const float *scales,
@@ -154,59 +159,54 @@ static int AVX2 avx2_byte_has_mask(const uint8_t *codes, size_t n, uint8_t mask)
     return r;
 }
 
+/* Eight blocks (128 elements) at a time: the group's block scales are one
+ * vector computation with the scalar path's divisions and roundings, then
+ * each block is converted with its broadcast inverse. */
 static void AVX2 avx2_nvfp4_encode(const float *x, size_t n, float s_t, uint8_t *sb,
                                    uint8_t *codes)
 {
-    const float st6 = s_t * 6.0f;
     const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF);
-    size_t b0 = 0, bi = 0;
-    for (; b0 + 16 <= n; b0 += 16, bi++) {
-        __m256 v0 = _mm256_loadu_ps(x + b0), v1 = _mm256_loadu_ps(x + b0 + 8);
-        uint32_t mb = hmax8(_mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(v0), abs),
-                                             _mm256_and_si256(_mm256_castps_si256(v1), abs)));
-        float r = gift__u2f(mb) / st6;
-        uint8_t s = (uint8_t)gift__cvt_rne(&gift__fmt_e4m3, r);
-        float eff = gift__mini_value(&gift__fmt_e4m3, s) * s_t;
-        float inv = eff >= FLT_MIN ? 1.0f / eff : 0.0f;
-        sb[bi] = s;
-        if (inv == 0.0f) {
-            memset(codes + (b0 >> 1), 0, 8);
-            continue;
+    const __m256 vst6 = _mm256_set1_ps(s_t * 6.0f), vst = _mm256_set1_ps(s_t);
+    size_t g = 0;
+    for (; g + 128 <= n; g += 128) {
+        uint32_t am[8], sbc32[8];
+        float inv[8];
+        for (int j = 0; j < 8; j++) {
+            const float *xb = x + g + 16 * j;
+            am[j] = hmax8(_mm256_max_epu32(
+                _mm256_and_si256(_mm256_loadu_si256((const __m256i *)xb), abs),
+                _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(xb + 8)), abs)));
         }
-        const __m256 vinv = _mm256_set1_ps(inv);
-        __m256i c0 = cvt8(&gift__fmt_e2m1, _mm256_mul_ps(v0, vinv));
-        __m256i c1 = cvt8(&gift__fmt_e2m1, _mm256_mul_ps(v1, vinv));
-        /* 16 codes as 16-bit lanes in element order, then each 32-bit lane
-         * (elements 2j, 2j+1) becomes the byte e[2j] | e[2j+1] << 4. */
-        __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);
-        __m256i q = _mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi32(0xF)),
-                                    _mm256_and_si256(_mm256_srli_epi32(w, 12), _mm256_set1_epi32(0xF0)));
-        q = _mm256_packus_epi16(_mm256_packus_epi32(q, q), q);
-        uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(q));
-        uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(q, 1));
-        uint64_t packed = (uint64_t)lo | ((uint64_t)hi << 32);
-        memcpy(codes + (b0 >> 1), &packed, 8);
-    }
-    if (b0 < n) {
-        size_t len = n - b0;
-        uint32_t mb = 0;
-        for (size_t i = 0; i < len; i++) {
-            uint32_t a = gift__f2u(x[b0 + i]) & 0x7FFFFFFFu;
-            mb = a > mb ? a : mb;
-        }
-        float r = gift__u2f(mb) / st6;
-        uint8_t s = (uint8_t)gift__cvt_rne(&gift__fmt_e4m3, r);
-        float eff = gift__mini_value(&gift__fmt_e4m3, s) * s_t;
-        float inv = eff >= FLT_MIN ? 1.0f / eff : 0.0f;
-        sb[bi] = s;
-        memset(codes + (b0 >> 1), 0, (len + 1) / 2);
-        if (inv != 0.0f)
-            for (size_t i = 0; i < len; i++) {
-                size_t j = b0 + i;
-                uint32_t c = gift__cvt_rne(&gift__fmt_e2m1, x[j] * inv);
-                codes[j >> 1] |= (uint8_t)(c << ((j & 1) * 4));
+        __m256 r = _mm256_div_ps(_mm256_loadu_ps((const float *)am), vst6);
+        __m256i sbc = cvt8(&gift__fmt_e4m3, r);
+        __m256 eff = _mm256_mul_ps(fp8_lanes_value8(&gift__fmt_e4m3, sbc), vst);
+        __m256 ok = _mm256_cmp_ps(eff, _mm256_set1_ps(FLT_MIN), _CMP_GE_OQ);
+        _mm256_storeu_ps(inv, _mm256_and_ps(ok, _mm256_div_ps(_mm256_set1_ps(1.0f), eff)));
+        _mm256_storeu_si256((__m256i *)sbc32, sbc);
+        for (int j = 0; j < 8; j++) {
+            uint64_t packed = 0;
+            sb[g / 16 + j] = (uint8_t)sbc32[j];
+            if (inv[j] != 0.0f) {
+                const __m256 vinv = _mm256_set1_ps(inv[j]);
+                const float *xb = x + g + 16 * j;
+                __m256i c0 = cvt8(&gift__fmt_e2m1, _mm256_mul_ps(_mm256_loadu_ps(xb), vinv));
+                __m256i c1 = cvt8(&gift__fmt_e2m1, _mm256_mul_ps(_mm256_loadu_ps(xb + 8), vinv));
+                /* 16 codes as 16-bit lanes in element order, then each 32-bit
+                 * lane (elements 2k, 2k+1) becomes e[2k] | e[2k+1] << 4. */
+                __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);
+                __m256i q = _mm256_or_si256(
+                    _mm256_and_si256(w, _mm256_set1_epi32(0xF)),
+                    _mm256_and_si256(_mm256_srli_epi32(w, 12), _mm256_set1_epi32(0xF0)));
+                q = _mm256_packus_epi16(_mm256_packus_epi32(q, q), q);
+                uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(q));
+                uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(q, 1));
+                packed = (uint64_t)lo | ((uint64_t)hi << 32);
             }
+            memcpy(codes + (g >> 1) + 8 * j, &packed, 8);
+        }
     }
+    for (; g < n; g += 16)
+        gift__nvfp4_block(x + g, n - g < 16 ? n - g : 16, s_t, sb + g / 16, codes + (g >> 1));
 }
 
 static void AVX2 avx2_nvfp4_decode(const uint8_t *sb, float s_t, const uint8_t *codes, size_t n,

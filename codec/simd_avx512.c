@@ -39,10 +39,13 @@ static inline __m512i AVX512 cvt16(const gift__minifmt_t *f, __m512 y)
 
 static inline uint32_t AVX512 amax16(const float *x, size_t len, __m512i m)
 {
-    for (size_t i = 0; i < len; i += 16) {
-        __m512i v = _mm512_maskz_loadu_epi32(tail_mask(len - i), x + i);
-        m = _mm512_max_epu32(m, _mm512_and_si512(v, _mm512_set1_epi32(0x7FFFFFFF)));
-    }
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16)
+        m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_loadu_si512(x + i), abs));
+    if (i < len)
+        m = _mm512_max_epu32(
+            m, _mm512_and_si512(_mm512_maskz_loadu_epi32(tail_mask(len - i), x + i), abs));
     return (uint32_t)_mm512_reduce_max_epu32(m);
 }
 
@@ -79,7 +82,13 @@ static int AVX512 avx512_fp8_encode(const gift__minifmt_t *f, const float *x, si
         scales[bi] = scale;
         inv = f->fmax / amax;
         __m512 vinv = _mm512_set1_ps(inv);
-        for (size_t i = 0; i < len; i += 16) {
+        size_t i = 0;
+        for (; i + 16 <= len; i += 16) {
+            __m512 v = _mm512_loadu_ps(x + b0 + i);
+            _mm_storeu_si128((__m128i *)(codes + b0 + i),
+                             _mm512_cvtepi32_epi8(cvt16(f, _mm512_mul_ps(v, vinv))));
+        }
+        if (i < len) {
             __mmask16 m = tail_mask(len - i);
             __m512 v = _mm512_maskz_loadu_ps(m, x + b0 + i);
             __m128i c = _mm512_cvtepi32_epi8(cvt16(f, _mm512_mul_ps(v, vinv)));
@@ -89,15 +98,20 @@ static int AVX512 avx512_fp8_encode(const gift__minifmt_t *f, const float *x, si
     return 0;
 }
 
-/* 16 code bytes to their fp32 values (finite codes), before scaling. */
-static inline __m512 AVX512 fp8_value16(const gift__minifmt_t *f, __m128i c8)
+/* 16 codes (one per 32-bit lane, finite) to their fp32 values, unscaled. */
+static inline __m512 AVX512 fp8_lanes_value16(const gift__minifmt_t *f, __m512i c)
 {
     const int sh = 23 - f->mbits;
-    __m512i c = _mm512_cvtepu8_epi32(c8);
     __m512i mag = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x7F)), sh);
     __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(gift__pow2f(127 - f->bias)));
     __m512i s = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
     return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), s));
+}
+
+/* 16 code bytes to their fp32 values (finite codes), before scaling. */
+static inline __m512 AVX512 fp8_value16(const gift__minifmt_t *f, __m128i c8)
+{
+    return fp8_lanes_value16(f, _mm512_cvtepu8_epi32(c8));
 }
 
 static void AVX512 avx512_fp8_decode(const gift__minifmt_t *f, const float *scales,
@@ -107,7 +121,15 @@ static void AVX512 avx512_fp8_decode(const gift__minifmt_t *f, const float *scal
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         size_t len = n - b0 < block ? n - b0 : block;
         __m512 s = _mm512_set1_ps(scales[bi]);
-        for (size_t i = 0; i < len; i += 16) {
+        size_t i = 0;
+        for (; i + 16 <= len; i += 16) {
+            __m128i c = _mm_loadu_si128((const __m128i *)(codes + b0 + i));
+            __m512 v = _mm512_mul_ps(fp8_value16(f, c), s);
+            if (acc)
+                v = _mm512_add_ps(_mm512_loadu_ps(out + b0 + i), v);
+            _mm512_storeu_ps(out + b0 + i, v);
+        }
+        if (i < len) {
             __mmask16 m = tail_mask(len - i);
             __m128i c = _mm_maskz_loadu_epi8(m, codes + b0 + i);
             __m512 v = _mm512_mul_ps(fp8_value16(f, c), s);
@@ -143,35 +165,38 @@ static inline __m128i AVX512 nib_pack(__m128i b)
     return _mm_packus_epi16(_mm_or_si128(lo, hi), _mm_setzero_si128());
 }
 
+/* Sixteen blocks (256 elements) at a time: the block scales of the group are
+ * computed as one vector (same divisions and roundings as the scalar path),
+ * then each block is converted with its broadcast inverse. */
 static void AVX512 avx512_nvfp4_encode(const float *x, size_t n, float s_t, uint8_t *sb,
                                        uint8_t *codes)
 {
-    const float st6 = s_t * 6.0f;
-    for (size_t b0 = 0, bi = 0; b0 < n; b0 += 16, bi++) {
-        size_t len = n - b0 < 16 ? n - b0 : 16;
-        __mmask16 m = tail_mask(len);
-        __m512 v = _mm512_maskz_loadu_ps(m, x + b0);
-        uint32_t mb = (uint32_t)_mm512_reduce_max_epu32(
-            _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)));
-        float r = gift__u2f(mb) / st6;
-        uint8_t s = (uint8_t)gift__cvt_rne(&gift__fmt_e4m3, r);
-        float eff = gift__mini_value(&gift__fmt_e4m3, s) * s_t;
-        float inv = eff >= FLT_MIN ? 1.0f / eff : 0.0f;
-        __m128i packed;
-        sb[bi] = s;
-        if (inv == 0.0f)
-            packed = _mm_setzero_si128();
-        else
-            packed = nib_pack(
-                _mm512_cvtepi32_epi8(cvt16(&gift__fmt_e2m1, _mm512_mul_ps(v, _mm512_set1_ps(inv)))));
-        if (len == 16)
-            _mm_storel_epi64((__m128i *)(codes + (b0 >> 1)), packed);
-        else {
-            uint8_t tmp[16];
-            _mm_storeu_si128((__m128i *)tmp, packed);
-            memcpy(codes + (b0 >> 1), tmp, (len + 1) / 2);
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
+    const __m512 vst6 = _mm512_set1_ps(s_t * 6.0f), vst = _mm512_set1_ps(s_t);
+    size_t g = 0;
+    for (; g + 256 <= n; g += 256) {
+        uint32_t am[16];
+        float inv[16];
+        for (int j = 0; j < 16; j++)
+            am[j] = (uint32_t)_mm512_reduce_max_epu32(
+                _mm512_and_si512(_mm512_loadu_si512(x + g + 16 * j), abs));
+        __m512 r = _mm512_div_ps(_mm512_castsi512_ps(_mm512_loadu_si512(am)), vst6);
+        __m512i sbc = cvt16(&gift__fmt_e4m3, r);
+        __m512 eff = _mm512_mul_ps(fp8_lanes_value16(&gift__fmt_e4m3, sbc), vst);
+        __mmask16 ok = _mm512_cmp_ps_mask(eff, _mm512_set1_ps(FLT_MIN), _CMP_GE_OQ);
+        _mm512_storeu_ps(inv, _mm512_maskz_div_ps(ok, _mm512_set1_ps(1.0f), eff));
+        _mm_storeu_si128((__m128i *)(sb + g / 16), _mm512_cvtepi32_epi8(sbc));
+        for (int j = 0; j < 16; j++) {
+            __m128i packed = _mm_setzero_si128();
+            if (inv[j] != 0.0f) {
+                __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + g + 16 * j), _mm512_set1_ps(inv[j]));
+                packed = nib_pack(_mm512_cvtepi32_epi8(cvt16(&gift__fmt_e2m1, y)));
+            }
+            _mm_storel_epi64((__m128i *)(codes + (g >> 1) + 8 * j), packed);
         }
     }
+    for (; g < n; g += 16)
+        gift__nvfp4_block(x + g, n - g < 16 ? n - g : 16, s_t, sb + g / 16, codes + (g >> 1));
 }
 
 static void AVX512 avx512_nvfp4_decode(const uint8_t *sb, float s_t, const uint8_t *codes,
@@ -197,6 +222,12 @@ static void AVX512 avx512_nvfp4_decode(const uint8_t *sb, float s_t, const uint8
         __m512i c = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
         float eff = gift__mini_value(&gift__fmt_e4m3, sb[bi]) * s_t;
         __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(c, lut), _mm512_set1_ps(eff));
+        if (len == 16) {
+            if (acc)
+                v = _mm512_add_ps(_mm512_loadu_ps(out + b0), v);
+            _mm512_storeu_ps(out + b0, v);
+            continue;
+        }
         if (acc)
             v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + b0), v);
         _mm512_mask_storeu_ps(out + b0, m, v);
@@ -209,7 +240,7 @@ static int AVX512 avx512_bf16_encode(const float *x, size_t n, uint16_t *codes)
     __m512i mx = _mm512_setzero_si512();
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n - i);
-        __m512i b = _mm512_maskz_loadu_epi32(m, x + i);
+        __m512i b = m == 0xFFFF ? _mm512_loadu_si512(x + i) : _mm512_maskz_loadu_epi32(m, x + i);
         __m512i a = _mm512_and_si512(b, abs);
         __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 16), _mm512_set1_epi32(1));
         __m512i c = _mm512_srli_epi32(
@@ -217,7 +248,10 @@ static int AVX512 avx512_bf16_encode(const float *x, size_t n, uint16_t *codes)
         mx = _mm512_max_epu32(mx, a);
         c = _mm512_min_epu32(c, _mm512_set1_epi32(0x7F7F));
         c = _mm512_or_si512(c, _mm512_slli_epi32(_mm512_srli_epi32(b, 31), 15));
-        _mm256_mask_storeu_epi16(codes + i, m, _mm512_cvtepi32_epi16(c));
+        if (m == 0xFFFF)
+            _mm256_storeu_si256((__m256i *)(codes + i), _mm512_cvtepi32_epi16(c));
+        else
+            _mm256_mask_storeu_epi16(codes + i, m, _mm512_cvtepi32_epi16(c));
     }
     return (uint32_t)_mm512_reduce_max_epu32(mx) >= 0x7F800000u ? GIFT_ENONFINITE : 0;
 }
@@ -226,6 +260,14 @@ static void AVX512 avx512_bf16_decode(const uint16_t *codes, size_t n, float *ou
 {
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n - i);
+        if (m == 0xFFFF) {
+            __m256i c = _mm256_loadu_si256((const __m256i *)(codes + i));
+            __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(c), 16));
+            if (acc)
+                v = _mm512_add_ps(_mm512_loadu_ps(out + i), v);
+            _mm512_storeu_ps(out + i, v);
+            continue;
+        }
         __m256i c = _mm256_maskz_loadu_epi16(m, codes + i);
         __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(c), 16));
         if (acc)
@@ -238,7 +280,13 @@ static int AVX512 avx512_f32_encode(const float *x, size_t n, float *out)
 {
     const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
     __m512i mx = _mm512_setzero_si512();
-    for (size_t i = 0; i < n; i += 16) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i b = _mm512_loadu_si512(x + i);
+        mx = _mm512_max_epu32(mx, _mm512_and_si512(b, abs));
+        _mm512_storeu_si512(out + i, b);
+    }
+    if (i < n) {
         __mmask16 m = tail_mask(n - i);
         __m512i b = _mm512_maskz_loadu_epi32(m, x + i);
         mx = _mm512_max_epu32(mx, _mm512_and_si512(b, abs));
@@ -253,7 +301,10 @@ static void AVX512 avx512_f32_decode(const float *codes, size_t n, float *out, i
         memcpy(out, codes, n * 4);
         return;
     }
-    for (size_t i = 0; i < n; i += 16) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(out + i), _mm512_loadu_ps(codes + i)));
+    if (i < n) {
         __mmask16 m = tail_mask(n - i);
         __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + i), _mm512_maskz_loadu_ps(m, codes + i));
         _mm512_mask_storeu_ps(out + i, m, v);
