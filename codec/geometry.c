@@ -10,6 +10,7 @@
  * allocates after gift_geometry_init.
  */
 #include <cblas.h>
+#include <float.h>
 #include <lapacke.h>
 #include <math.h>
 #include <stdlib.h>
@@ -17,13 +18,18 @@
 
 #include "gift_codec.h"
 
-/* The Nystrom shift starts at GIFT__NU_EPS * sqrt(din) * ||Y||_F (double
- * rounding level) and grows by GIFT__NU_GROWTH after each failed Cholesky,
- * for at most GIFT__CHOL_TRIES attempts. Sketches arrive in fp32, so a
- * rank-deficient A typically needs the shift to reach ~1e-7 relative. */
-#define GIFT__NU_EPS 2.220446049250313e-16
-#define GIFT__NU_GROWTH 100.0
-#define GIFT__CHOL_TRIES 7
+/* The Nystrom shift. Sketches arrive in fp32, so Q^T Y carries noise of about
+ * FLT_EPSILON * ||Y||_F (more after fp32 GEMMs and sums over workers). A shift
+ * below that noise lets a rank-deficient A produce a Cholesky factor with
+ * tiny pivots, and C^-1 then amplifies the noise into the Ritz values (with a
+ * double-precision shift, lambda_0 of a rank-3 A came out 1.4% high). So nu
+ * starts at GIFT__NU_REL * sqrt(din) * ||Y||_F and grows tenfold after each
+ * failed Cholesky while it stays below GIFT__NU_MAX_REL * ||Y||_F; a sketch
+ * that needs more is not a sketch of a PSD matrix. The shift is subtracted
+ * again from the Ritz values and biases only the part of A that Q misses. */
+#define GIFT__NU_REL 1.1920928955078125e-07 /* FLT_EPSILON */
+#define GIFT__NU_GROWTH 10.0
+#define GIFT__NU_MAX_REL 1e-3
 
 /* Update workspace, all column-major doubles. */
 typedef struct gift__geo_ws {
@@ -31,8 +37,8 @@ typedef struct gift__geo_ws {
     double *B;         /* din x ks: Y + nu Q, then Y_nu C^-1, then its Q factor */
     double *M;         /* ks x ks: Q^T Y_nu, its Cholesky factor, then R R^T / eigvecs */
     double *R;         /* ks x ks: the R factor of B */
-    double *tau;       /* ks: Householder scalars */
-    double *w;         /* ks: eigenvalues, then lambda in descending order */
+    double *tau;       /* ks: Householder scalars, then lambda in descending order */
+    double *w;         /* ks: eigenvalues of R R^T, ascending */
     double *work;      /* lwork doubles for dgeqrf/dorgqr/dsyevd */
     lapack_int *iwork; /* liwork ints for dsyevd */
     lapack_int lwork, liwork;
@@ -126,8 +132,8 @@ static gift__geo_ws_t *gift__ws_alloc(int din, int ks)
         goto out_free_ws;
     if ((lapack_int)q > lw)
         lw = (lapack_int)q;
-    if (LAPACKE_dsyevd_work(LAPACK_COL_MAJOR, 'V', 'U', ks, dummy, ks, dummy, &qe, -1, &qi,
-                            -1) != 0)
+    if (LAPACKE_dsyevd_work(LAPACK_COL_MAJOR, 'V', 'U', ks, dummy, ks, dummy, &qe, -1, &qi, -1) !=
+        0)
         goto out_free_ws;
     if ((lapack_int)qe > lw)
         lw = (lapack_int)qe;
@@ -202,8 +208,8 @@ int gift_geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed
     /* Q = qr(Gaussian din x ks), column-major in ws->Q. */
     rc = GIFT_ELAPACK;
     gift__gaussians(ws->Q, dks, seed);
-    if (LAPACKE_dgeqrf_work(LAPACK_COL_MAJOR, din, ks, ws->Q, din, ws->tau, ws->work,
-                            ws->lwork) != 0)
+    if (LAPACKE_dgeqrf_work(LAPACK_COL_MAJOR, din, ks, ws->Q, din, ws->tau, ws->work, ws->lwork) !=
+        0)
         goto out_free_g;
     if (LAPACKE_dorgqr_work(LAPACK_COL_MAJOR, din, ks, ks, ws->Q, din, ws->tau, ws->work,
                             ws->lwork) != 0)
@@ -262,12 +268,11 @@ int gift_geometry_copy(gift_geometry_t *dst, const gift_geometry_t *src)
     return 0;
 }
 
-/* True if x is finite and non-zero as a float (a usable transform scalar). */
-static int gift__usable(double x)
+/* True if the positive double x converts to a normal float (converting a
+ * double beyond FLT_MAX is undefined behaviour; NaN fails too). */
+static int gift__fits_float(double x)
 {
-    float f = (float)x;
-
-    return isfinite(f) && f != 0.0f;
+    return x >= FLT_MIN && x <= FLT_MAX;
 }
 
 /*
@@ -291,9 +296,9 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
 {
     gift__geo_ws_t *ws;
     size_t din, ks, k, i, j, dks;
-    double normy = 0.0, nu, sumk = 0.0, sigma2, delta, base;
+    double normy = 0.0, nu, numax, sumk = 0.0, sigma2, delta, base;
     lapack_int info = 1;
-    int attempt, rc = GIFT_EINVAL;
+    int rc = GIFT_EINVAL;
 
     if (g == NULL || g->U == NULL || g->ws == NULL || Y == NULL)
         goto out;
@@ -309,7 +314,8 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
         gift__set_identity(g);
         g->trace = trace;
         g->epoch++;
-        return 0;
+        rc = 0;
+        goto out;
     }
 
     for (i = 0; i < dks; i++)
@@ -324,13 +330,14 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
     /* C = chol(Q^T Y_nu), growing nu until Q^T Y_nu is positive definite.
      * A zero Y (A orthogonal to Q) is handled by any positive shift. */
     rc = GIFT_ELAPACK;
-    nu = normy > 0.0 ? GIFT__NU_EPS * sqrt((double)din) * normy : 1.0;
-    for (attempt = 0; attempt < GIFT__CHOL_TRIES; attempt++, nu *= GIFT__NU_GROWTH) {
+    nu = normy > 0.0 ? GIFT__NU_REL * sqrt((double)din) * normy : 1.0;
+    numax = fmax(GIFT__NU_MAX_REL * normy, nu);
+    for (; nu <= numax; nu *= GIFT__NU_GROWTH) {
         for (i = 0; i < din; i++)
             for (j = 0; j < ks; j++)
                 ws->B[j * din + i] = (double)Y[i * ks + j] + nu * ws->Q[j * din + i];
-        cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)ks, (int)ks, (int)din, 1.0,
-                    ws->Q, (int)din, ws->B, (int)din, 0.0, ws->M, (int)ks);
+        cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)ks, (int)ks, (int)din, 1.0, ws->Q,
+                    (int)din, ws->B, (int)din, 0.0, ws->M, (int)ks);
         for (j = 0; j < ks; j++)
             for (i = 0; i < j; i++) {
                 double s = 0.5 * (ws->M[j * ks + i] + ws->M[i * ks + j]);
@@ -357,8 +364,8 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
         for (i = 0; i < ks; i++)
             ws->R[j * ks + i] = i <= j ? ws->B[j * din + i] : 0.0;
     /* M = R R^T (upper triangle), B = Q_b. */
-    cblas_dsyrk(CblasColMajor, CblasUpper, CblasNoTrans, (int)ks, (int)ks, 1.0, ws->R, (int)ks,
-                0.0, ws->M, (int)ks);
+    cblas_dsyrk(CblasColMajor, CblasUpper, CblasNoTrans, (int)ks, (int)ks, 1.0, ws->R, (int)ks, 0.0,
+                ws->M, (int)ks);
     if (LAPACKE_dorgqr_work(LAPACK_COL_MAJOR, (lapack_int)din, (lapack_int)ks, (lapack_int)ks,
                             ws->B, (lapack_int)din, ws->tau, ws->work, ws->lwork) != 0)
         goto out;
@@ -366,8 +373,8 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
                             ws->w, ws->work, ws->lwork, ws->iwork, ws->liwork) != 0)
         goto out;
     /* New basis Q = Q_b W (eigenvalues ascending: reversed when stored). */
-    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)din, (int)ks, (int)ks, 1.0,
-                ws->B, (int)din, ws->M, (int)ks, 0.0, ws->Q, (int)din);
+    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)din, (int)ks, (int)ks, 1.0, ws->B,
+                (int)din, ws->M, (int)ks, 0.0, ws->Q, (int)din);
 
     /* lambda, descending, into tau (free now). */
     for (j = 0; j < ks; j++) {
@@ -388,12 +395,14 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
     /* Validate every scalar before g changes. */
     rc = GIFT_EINVAL;
     base = sigma2 + delta;
-    if (!(base > 0.0) || !gift__usable(1.0 / sqrt(base)) || !gift__usable(sqrt(base)))
+    if (!gift__fits_float(1.0 / sqrt(base)) || !gift__fits_float(sqrt(base)))
         goto out;
-    for (j = 0; j < k; j++) {
+    for (j = 0; j < ks; j++) {
         double e = ws->tau[j] + delta;
 
-        if (!(e > 0.0) || !isfinite((float)(1.0 / sqrt(e))) || !isfinite((float)sqrt(e)))
+        if (ws->tau[j] > FLT_MAX)
+            goto out;
+        if (j < k && (!gift__fits_float(1.0 / sqrt(e)) || !gift__fits_float(sqrt(e))))
             goto out;
     }
 
@@ -426,8 +435,8 @@ out:
  * computed first, in double: NaN/Inf in X returns GIFT_ENONFINITE with Y
  * untouched. Returns 0, GIFT_EINVAL or GIFT_ENONFINITE.
  */
-int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y,
-                double *trace, float *work)
+int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y, double *trace,
+                float *work)
 {
     double t = 0.0;
     size_t i, nx;
@@ -441,10 +450,10 @@ int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y
         t += (double)X[i] * X[i];
     if (!isfinite(t))
         return GIFT_ENONFINITE;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, ks, din, 1.0f, X, din, Q, ks,
-                0.0f, work, ks);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, din, ks, n, 1.0f / (float)n, X, din,
-                work, ks, 0.0f, Y, ks);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, ks, din, 1.0f, X, din, Q, ks, 0.0f,
+                work, ks);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, din, ks, n, 1.0f / (float)n, X, din, work,
+                ks, 0.0f, Y, ks);
     *trace = t / (double)n;
     return 0;
 }
@@ -456,8 +465,8 @@ int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y
  * floats (unused, and may be NULL, for an identity geometry, which copies).
  * Returns 0 or GIFT_EINVAL.
  */
-int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int rows,
-                   float *out, float *work)
+int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int rows, float *out,
+                   float *work)
 {
     const float *d;
     float c;
@@ -490,8 +499,8 @@ int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int ro
     /* out = c G + W U_k^T. */
     for (i = 0; i < n; i++)
         out[i] = c * G[i];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, g->din, g->k, 1.0f, work, g->k,
-                g->U, g->ks, 1.0f, out, g->din);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, g->din, g->k, 1.0f, work, g->k, g->U,
+                g->ks, 1.0f, out, g->din);
     return 0;
 }
 

@@ -215,7 +215,10 @@ int gift_geometry_copy(gift_geometry_t *dst, const gift_geometry_t *src);
  * stable Nyström approximation A ~ Y (Q^T Y)^-1 Y^T: QR, Cholesky and a ks x ks
  * symmetric eigenproblem in double precision (LAPACKE). Sums over workers
  * need no scaling: a common factor cancels in the transform up to damping,
- * which scales with the trace. Returns 0, GIFT_EINVAL, GIFT_ELAPACK, GIFT_ENOMEM. */
+ * which scales with the trace. trace <= 0 publishes an identity epoch. On error g is
+ * unchanged (epoch included). No allocation: the workspace comes from init.
+ * Returns 0, GIFT_EINVAL (NaN/Inf input, damping < 0, or a singular T), or
+ * GIFT_ELAPACK (Y is not the sketch of a PSD matrix). */
 int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, double damping);
 
 /* Sketch of one worker's layer inputs X (n x din, row-major):
@@ -249,8 +252,10 @@ void gift_ef_add(const gift_ef_t *ef, float *p);
 void gift_ef_update(gift_ef_t *ef, const float *p, const float *decoded);
 /* Zeroes e and stamps the epoch. */
 void gift_ef_reset(gift_ef_t *ef, uint32_t epoch);
-/* Re-expresses e under a new geometry: e <- (e T_old^-1) T_new. work holds
- * rows * max(k_old, k_new) floats. */
+/* Re-expresses e under a new geometry: e <- (e T_old^-1) T_new, and stamps
+ * new_g->epoch. e must be expressed in old_g's epoch (ef->epoch ==
+ * old_g->epoch), else GIFT_EINVAL and e is untouched. work holds
+ * rows * max(k_old, k_new) floats (may be NULL when both are identity). */
 int gift_ef_rebase(gift_ef_t *ef, const gift_geometry_t *old_g, const gift_geometry_t *new_g,
                    float *work);
 

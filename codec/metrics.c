@@ -84,8 +84,8 @@ double gift_metric_cosine(const float *G, const float *Gh, size_t n)
  * rows == 0), or GIFT_EINVAL (bad arguments, tr A <= 0, or A + delta I not
  * positive definite), GIFT_ENOMEM, GIFT_ELAPACK.
  */
-double gift_metric_whitened(const float *G, const float *Gh, int rows, int din,
-                            const float *A, double damping)
+double gift_metric_whitened(const float *G, const float *Gh, int rows, int din, const float *A,
+                            double damping)
 {
     double *V = NULL, *lam, *X = NULL, *XV;
     double tr = 0.0, delta, num = 0.0, den = 0.0;
@@ -137,8 +137,8 @@ double gift_metric_whitened(const float *G, const float *Gh, int rows, int din,
         X[i] = (double)Gh[i] - (double)G[i];
         X[nx + i] = G[i];
     }
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 2 * rows, din, din, 1.0, X, din, V,
-                din, 0.0, XV, din);
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 2 * rows, din, din, 1.0, X, din, V, din,
+                0.0, XV, din);
     /* V is column-major: row-major V^T. Hence the CblasTrans above. */
     for (i = 0; i < (size_t)rows; i++)
         for (j = 0; j < nd; j++) {
@@ -200,8 +200,7 @@ int gift_ns5(const float *G, int rows, int din, double *out)
 
     for (step = 0; step < GIFT__NS_STEPS; step++) {
         /* A = X X^T; B = b A + c A A; Xn = a X + B X. */
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0, X, n, X, n, 0.0, Am,
-                    m);
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0, X, n, X, n, 0.0, Am, m);
         for (i = 0; i < (size_t)m * m; i++)
             Bm[i] = GIFT__NS_B * Am[i];
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, GIFT__NS_C, Am, m, Am, m,
