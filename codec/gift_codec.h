@@ -100,7 +100,8 @@ typedef struct gift_layout {
 
 /* Counts of codes at the edges of the format (see gift_boundary_hits). */
 typedef struct gift_hits {
-    size_t saturated; /* |x| mapped to the largest finite code while it was larger */
+    size_t saturated; /* the scaled |x| reached the rounding midpoint above the largest
+                         finite value: it wanted a code the format lacks */
     size_t flushed;   /* x != 0 that decoded to exactly zero */
     size_t n;         /* elements inspected */
 } gift_hits_t;
@@ -111,7 +112,8 @@ const char *gift_format_name(gift_format_t fmt);
 int gift_format_parse(const char *name);
 
 /* Fills *out with the layout for n elements under p. Returns 0, GIFT_EFORMAT
- * for an unknown format or a block that is not a power of two >= 32. */
+ * for an unknown format or a block that is not a power of two >= 32, and
+ * GIFT_EINVAL when n is so large (over SIZE_MAX / 8) that sizes would wrap. */
 int gift_layout(const gift_codec_params_t *p, size_t n, gift_layout_t *out);
 
 /* Encodes n floats x into payload (cap bytes, at least layout.total; padding

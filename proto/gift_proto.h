@@ -1,0 +1,93 @@
+/*
+ * gift_proto.h: giftd's framing. No I/O: the writer packs a preamble and a
+ * header into a caller's buffer; the reader takes bytes in and hands complete
+ * frames out (hiredis's redisReaderFeed / redisReaderGetReply model).
+ *
+ * Frame = 16-byte preamble {magic "GIF1", u32 header_len, u64 payload_len},
+ * all little-endian, then header_len bytes of a packed Gift__Envelope
+ * (proto/gift.proto), then payload_len bytes of raw payload.
+ *
+ * Both lengths are checked against the reader's limits before any byte of
+ * the frame is buffered beyond the preamble, so a peer cannot make the
+ * reader allocate more than 16 + max_header_bytes + max_frame_bytes.
+ */
+#ifndef GIFT_PROTO_H
+#define GIFT_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gift.pb-c.h"
+#include "gift_error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GIFT_PROTOCOL_VERSION 1
+#define GIFT_FRAME_MAGIC "GIF1"
+#define GIFT_PREAMBLE_BYTES 16
+#define GIFT_MAX_HEADER_DEFAULT (64u * 1024u)          /* bytes */
+#define GIFT_MAX_FRAME_DEFAULT (64ull * 1024u * 1024u) /* payload bytes */
+
+typedef struct gift_limits {
+    uint32_t max_header_bytes; /* 0: GIFT_MAX_HEADER_DEFAULT */
+    uint64_t max_frame_bytes;  /* largest payload; 0: GIFT_MAX_FRAME_DEFAULT */
+} gift_limits_t;
+
+/* One decoded frame. env and payload point into the reader and stay valid
+ * until the next gift_reader_next, gift_reader_reserve, gift_reader_feed or
+ * gift_reader_free on the same reader. */
+typedef struct gift_frame {
+    Gift__Envelope *env;    /* the header; env->msg_case says which message */
+    const uint8_t *payload; /* payload_len bytes (NULL when 0) */
+    uint64_t payload_len;
+} gift_frame_t;
+
+typedef struct gift_reader gift_reader_t;
+
+/* Creates a reader with the given limits (NULL: defaults). Returns NULL when
+ * out of memory. The reader's buffer grows to the largest frame seen and is
+ * then reused; header unpacking uses an arena reset per frame. */
+gift_reader_t *gift_reader_new(const gift_limits_t *lim);
+void gift_reader_free(gift_reader_t *r);
+
+/* Zero-copy input: returns in *ptr a region of at least min(want, room)
+ * bytes, in *avail its size, to read socket bytes into; then call
+ * gift_reader_commit with the count actually written. Returns 0, GIFT_ENOMEM,
+ * or the reader's sticky error. */
+int gift_reader_reserve(gift_reader_t *r, size_t want, uint8_t **ptr, size_t *avail);
+void gift_reader_commit(gift_reader_t *r, size_t n);
+
+/* Copying input: appends len bytes. Returns 0, GIFT_ENOMEM or the sticky error. */
+int gift_reader_feed(gift_reader_t *r, const void *buf, size_t len);
+
+/* Takes the next complete frame. Returns 1 and fills *f when a frame is
+ * ready; 0 when more bytes are needed; a negative code when the stream is
+ * broken: GIFT_EBADMAGIC, GIFT_EHDRSIZE, GIFT_EFRAMESIZE, GIFT_EBADHEADER.
+ * Errors are sticky: after one, every call returns it again. */
+int gift_reader_next(gift_reader_t *r, gift_frame_t *f);
+
+/* To be called when the peer has closed its side: GIFT_ETRUNCATED when part
+ * of a frame is buffered, else 0 (or the sticky error). */
+int gift_reader_eof(gift_reader_t *r);
+
+/* Bytes buffered and not yet returned as frames. */
+size_t gift_reader_buffered(const gift_reader_t *r);
+
+/* Size of preamble + packed header for env. */
+size_t gift_frame_head_size(const Gift__Envelope *env);
+
+/* Packs the preamble (with payload_len) and env into buf (cap bytes).
+ * Returns the number of bytes written (gift_frame_head_size(env)) or
+ * GIFT_ENOSPC. The payload is sent after it by the caller. */
+long gift_frame_pack_head(const Gift__Envelope *env, uint64_t payload_len, uint8_t *buf,
+                          size_t cap);
+
+/* A short name for the message in env ("push", "pull_reply", ...). */
+const char *gift_msg_name(const Gift__Envelope *env);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
