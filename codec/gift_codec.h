@@ -4,7 +4,8 @@
  *
  * Formats (DESIGN.md section 3). Every encoder rounds to nearest even (or
  * stochastically, when asked), saturates to the finite maximum and refuses
- * NaN/Inf input with GIFT_ENONFINITE before writing anything.
+ * NaN/Inf input with GIFT_ENONFINITE (the payload is then unspecified and
+ * must not be sent).
  *
  *   f32      raw IEEE binary32, 4 bytes/elem, no scales
  *   bf16     bfloat16, 2 bytes/elem, no scales; saturates to +-0x7F7F
@@ -80,7 +81,7 @@ typedef struct gift_sr_key {
 
 typedef struct gift_codec_params {
     gift_format_t fmt;
-    uint32_t block;     /* fp8: elements per block, a power of two >= 32; 0 means 128.
+    uint32_t block;     /* fp8: elements per block, a power of two in 32..2^20; 0 means 128.
                            Ignored by f32/bf16; nvfp4 always uses 16. */
     int stochastic;     /* 0: round to nearest even; 1: stochastic rounding with sr */
     gift_sr_key_t sr;
@@ -108,11 +109,12 @@ typedef struct gift_hits {
 
 /* Format names: "f32", "bf16", "fp8-e4m3", "fp8-e5m2", "nvfp4". */
 const char *gift_format_name(gift_format_t fmt);
-/* Parses a format name (also "fp8" for e4m3). Returns the format or GIFT_EFORMAT. */
+/* Parses a format name (also "fp8" and "e4m3" for fp8-e4m3, "e5m2" for
+ * fp8-e5m2). Returns the format or GIFT_EFORMAT. */
 int gift_format_parse(const char *name);
 
 /* Fills *out with the layout for n elements under p. Returns 0, GIFT_EFORMAT
- * for an unknown format or a block that is not a power of two >= 32, and
+ * for an unknown format or a block that is not a power of two in 32..2^20, and
  * GIFT_EINVAL when n is so large (over SIZE_MAX / 8) that sizes would wrap. */
 int gift_layout(const gift_codec_params_t *p, size_t n, gift_layout_t *out);
 
