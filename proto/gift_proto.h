@@ -84,6 +84,12 @@ size_t gift_frame_head_size(const Gift__Envelope *env);
 long gift_frame_pack_head(const Gift__Envelope *env, uint64_t payload_len, uint8_t *buf,
                           size_t cap);
 
+/* The cluster digest of a declared tensor list (proto/digest.c): 64-bit
+ * FNV-1a over a canonical text of every field, in list order. Workers send it
+ * as 8 little-endian bytes (gift_digest_bytes) in Hello and Declare. */
+uint64_t gift_digest_tensors(Gift__TensorDecl *const *t, size_t n);
+void gift_digest_bytes(uint64_t d, uint8_t out[8]);
+
 /* A short name for the message in env ("push", "pull_reply", ...). */
 const char *gift_msg_name(const Gift__Envelope *env);
 

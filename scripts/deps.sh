@@ -7,6 +7,7 @@ PKGS=(
   build-essential cmake pkg-config clang-format
   libuv1-dev libprotobuf-c-dev protobuf-c-compiler libjemalloc-dev check
   libopenblas-dev libopenblas0-pthread liblapacke-dev libinih-dev libsodium-dev
+  curl prometheus
 )
 
 missing=()

@@ -1,0 +1,259 @@
+/*
+ * metrics.c: the Prometheus text exposition and the tiny HTTP responder for
+ * /metrics, /livez and /readyz. No sockets: net.c feeds it request bytes.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gift_codec.h"
+#include "server.h"
+
+int gift_str_printf(gift_str_t *s, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        size_t room = s->cap - s->len;
+        int n;
+        va_start(ap, fmt);
+        n = vsnprintf(s->p ? s->p + s->len : NULL, s->p ? room : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return GIFT_EINVAL;
+        if (s->p && (size_t)n < room) {
+            s->len += (size_t)n;
+            return 0;
+        }
+        size_t ncap = s->cap ? s->cap * 2 : 4096;
+        while (ncap < s->len + (size_t)n + 1)
+            ncap *= 2;
+        char *np = realloc(s->p, ncap);
+        if (np == NULL)
+            return GIFT_ENOMEM;
+        s->p = np;
+        s->cap = ncap;
+    }
+}
+
+void gift_str_free(gift_str_t *s)
+{
+    free(s->p);
+    memset(s, 0, sizeof *s);
+}
+
+/* Resident set size in bytes from /proc/self/statm, 0 if unknown. */
+static uint64_t rss_bytes(void)
+{
+    unsigned long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL)
+        return 0;
+    if (fscanf(f, "%lu %lu", &size, &resident) != 2)
+        resident = 0;
+    fclose(f);
+    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Escapes a label value (backslash, quote, newline). */
+static void label_escape(const char *in, char *out, size_t cap)
+{
+    size_t j = 0;
+    for (size_t i = 0; in[i] && j + 2 < cap; i++) {
+        char c = in[i];
+        if (c == '\\' || c == '"') {
+            out[j++] = '\\';
+            out[j++] = c;
+        } else if (c == '\n') {
+            out[j++] = '\\';
+            out[j++] = 'n';
+        } else {
+            out[j++] = c;
+        }
+    }
+    out[j] = '\0';
+}
+
+#define P(...)                                                                                     \
+    do {                                                                                           \
+        if ((rc = gift_str_printf(out, __VA_ARGS__)) < 0)                                          \
+            return rc;                                                                             \
+    } while (0)
+
+int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_str_t *out)
+{
+    const gift_shard_counters_t *c = gift_shard_counters(s);
+    uint64_t cum = 0, lat_count = 0;
+    int rc;
+
+    out->len = 0;
+    P("# HELP giftd_frames_total Frames received (in) and sent (out).\n"
+      "# TYPE giftd_frames_total counter\n"
+      "giftd_frames_total{direction=\"in\"} %llu\n"
+      "giftd_frames_total{direction=\"out\"} %llu\n",
+      (unsigned long long)c->frames_in, (unsigned long long)c->frames_out);
+    P("# HELP giftd_bytes_total Bytes received (in) and sent (out), preamble, headers and "
+      "payloads.\n"
+      "# TYPE giftd_bytes_total counter\n"
+      "giftd_bytes_total{direction=\"in\"} %llu\n"
+      "giftd_bytes_total{direction=\"out\"} %llu\n",
+      (unsigned long long)c->bytes_in, (unsigned long long)c->bytes_out);
+    P("# HELP giftd_payload_bytes_total Push payload bytes in and pull payload bytes out, by "
+      "codec.\n"
+      "# TYPE giftd_payload_bytes_total counter\n");
+    for (int f = 0; f < 5; f++)
+        P("giftd_payload_bytes_total{direction=\"in\",codec=\"%s\"} %llu\n"
+          "giftd_payload_bytes_total{direction=\"out\",codec=\"%s\"} %llu\n",
+          gift_format_name((gift_format_t)f), (unsigned long long)c->push_bytes_in[f],
+          gift_format_name((gift_format_t)f), (unsigned long long)c->pull_bytes_out[f]);
+    P("# HELP giftd_pushes_total Pushes counted into an accumulator.\n"
+      "# TYPE giftd_pushes_total counter\n"
+      "giftd_pushes_total %llu\n"
+      "# HELP giftd_duplicate_pushes_total Repeated pushes acknowledged and ignored.\n"
+      "# TYPE giftd_duplicate_pushes_total counter\n"
+      "giftd_duplicate_pushes_total %llu\n"
+      "# HELP giftd_pulls_total Pull requests received.\n"
+      "# TYPE giftd_pulls_total counter\n"
+      "giftd_pulls_total %llu\n"
+      "# HELP giftd_sketches_total Sketches summed by the geometry owner.\n"
+      "# TYPE giftd_sketches_total counter\n"
+      "giftd_sketches_total %llu\n"
+      "# HELP giftd_steps_finished_total Chunk steps finished (all ranks pushed).\n"
+      "# TYPE giftd_steps_finished_total counter\n"
+      "giftd_steps_finished_total %llu\n"
+      "# HELP giftd_epochs_published_total Geometry epochs published.\n"
+      "# TYPE giftd_epochs_published_total counter\n"
+      "giftd_epochs_published_total %llu\n",
+      (unsigned long long)c->pushes, (unsigned long long)c->duplicates,
+      (unsigned long long)c->pulls, (unsigned long long)c->sketches,
+      (unsigned long long)c->steps_finished, (unsigned long long)c->epochs_published);
+    P("# HELP giftd_step_latency_seconds Time from a chunk step's first push to its last.\n"
+      "# TYPE giftd_step_latency_seconds histogram\n");
+    for (int b = 0; b < GIFT_LAT_BUCKETS; b++) {
+        cum += c->lat_bucket[b];
+        if (b == GIFT_LAT_BUCKETS - 1)
+            P("giftd_step_latency_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+        else
+            P("giftd_step_latency_seconds_bucket{le=\"%g\"} %llu\n", gift_lat_bounds[b],
+              (unsigned long long)cum);
+    }
+    lat_count = cum;
+    P("giftd_step_latency_seconds_sum %.9f\n"
+      "giftd_step_latency_seconds_count %llu\n",
+      c->lat_sum, (unsigned long long)lat_count);
+    P("# HELP giftd_connections Open protocol connections.\n"
+      "# TYPE giftd_connections gauge\n"
+      "giftd_connections %u\n",
+      pi ? pi->open_connections : c->peers);
+    P("# HELP giftd_errors_total Error replies sent, by code.\n"
+      "# TYPE giftd_errors_total counter\n");
+    for (int i = 1; i < 32; i++)
+        if (c->errors[i])
+            P("giftd_errors_total{code=\"%d\",name=\"%s\"} %llu\n", -i, gift_strerror(-i),
+              (unsigned long long)c->errors[i]);
+    P("# HELP giftd_boundary_hit_ratio Pull-codec codes that saturated or flushed to zero, last "
+      "measured step, per tensor.\n"
+      "# TYPE giftd_boundary_hit_ratio gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_boundary_hit_ratio{key=\"%u\",tensor=\"%s\",codec=\"%s\"} %g\n", ts.key, name,
+          ts.pull_codec, ts.hit_rate);
+    }
+    P("# HELP giftd_tensor_missing_ranks Ranks that have not pushed the oldest unfinished step "
+      "of a tensor.\n"
+      "# TYPE giftd_tensor_missing_ranks gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.has_step)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_tensor_missing_ranks{key=\"%u\",tensor=\"%s\"} %u\n", ts.key, name, ts.missing);
+    }
+    P("# HELP giftd_world_size Ranks in the cluster (0 until the first Hello).\n"
+      "# TYPE giftd_world_size gauge\n"
+      "giftd_world_size %u\n"
+      "# HELP giftd_tensors Declared tensors.\n"
+      "# TYPE giftd_tensors gauge\n"
+      "giftd_tensors %zu\n"
+      "# HELP giftd_resident_memory_bytes Resident set size.\n"
+      "# TYPE giftd_resident_memory_bytes gauge\n"
+      "giftd_resident_memory_bytes %llu\n",
+      gift_shard_world_size(s), gift_shard_tensor_count(s), (unsigned long long)rss_bytes());
+    if (pi)
+        P("# HELP giftd_start_time_seconds Start time of the process since the epoch.\n"
+          "# TYPE giftd_start_time_seconds gauge\n"
+          "giftd_start_time_seconds %llu\n",
+          (unsigned long long)pi->started_unix);
+    return 0;
+}
+
+#undef P
+
+static int respond(gift_str_t *out, int status, const char *reason, const char *ctype,
+                   const char *body, size_t blen)
+{
+    gift_str_t hdr = {0};
+    int rc = gift_str_printf(&hdr,
+                             "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                             "Connection: close\r\n\r\n",
+                             status, reason, ctype, blen);
+    if (rc < 0)
+        return rc;
+    out->len = 0;
+    if ((rc = gift_str_printf(out, "%s%.*s", hdr.p, (int)blen, body ? body : "")) < 0) {
+        gift_str_free(&hdr);
+        return rc;
+    }
+    gift_str_free(&hdr);
+    return status;
+}
+
+int gift_http_respond(const char *req, size_t len, const gift_shard_t *s,
+                      const gift_proc_info_t *pi, gift_str_t *out)
+{
+    char method[16], path[256];
+    const char *sp1, *sp2, *eol;
+    gift_str_t body = {0};
+    int status;
+
+    eol = memchr(req, '\r', len);
+    sp1 = memchr(req, ' ', len);
+    if (eol == NULL || sp1 == NULL || sp1 > eol)
+        return respond(out, 400, "Bad Request", "text/plain", "bad request\n", 12);
+    sp2 = memchr(sp1 + 1, ' ', (size_t)(eol - sp1 - 1));
+    if (sp2 == NULL || (size_t)(sp1 - req) >= sizeof method ||
+        (size_t)(sp2 - sp1 - 1) >= sizeof path || strncmp(sp2 + 1, "HTTP/1.", 7) != 0)
+        return respond(out, 400, "Bad Request", "text/plain", "bad request\n", 12);
+    memcpy(method, req, (size_t)(sp1 - req));
+    method[sp1 - req] = '\0';
+    memcpy(path, sp1 + 1, (size_t)(sp2 - sp1 - 1));
+    path[sp2 - sp1 - 1] = '\0';
+    if (strchr(path, '?'))
+        *strchr(path, '?') = '\0';
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        return respond(out, 405, "Method Not Allowed", "text/plain", "GET only\n", 9);
+    if (strcmp(path, "/livez") == 0)
+        return respond(out, 200, "OK", "text/plain", "ok\n", 3);
+    if (strcmp(path, "/readyz") == 0) {
+        if (gift_shard_ready(s) && !(pi && pi->draining))
+            return respond(out, 200, "OK", "text/plain", "ready\n", 6);
+        return respond(out, 503, "Service Unavailable", "text/plain", "draining\n", 9);
+    }
+    if (strcmp(path, "/metrics") == 0) {
+        if (gift_metrics_render(s, pi, &body) < 0) {
+            gift_str_free(&body);
+            return respond(out, 500, "Internal Server Error", "text/plain", "no memory\n", 10);
+        }
+        status = respond(out, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body.p,
+                         body.len);
+        gift_str_free(&body);
+        return status;
+    }
+    return respond(out, 404, "Not Found", "text/plain", "not found\n", 10);
+}

@@ -1,0 +1,662 @@
+/*
+ * net.c: the only file of giftd that knows libuv. Listeners, connections,
+ * the write queue with its back-pressure, the HTTP listener and signals.
+ *
+ * Connections: bytes are read straight into the connection's frame reader
+ * (zero copy), complete frames go to the shard. Output frames are queued as
+ * (head bytes, payload slice of a reference-counted buffer) pairs; one
+ * uv_write is in flight per connection and carries everything queued so
+ * far. The queue's arrays are reused, so steady state allocates nothing.
+ * Past write_queue_bytes queued, the connection is not read until the queue
+ * drains below half of it: a slow reader cannot make the shard grow.
+ *
+ * A connection is never freed inside its own callbacks: closing marks it,
+ * and the close callback frees it (the Redis/libuv model).
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "log.h"
+#include "server.h"
+
+#define HTTP_MAX_REQUEST 8192
+#define HTTP_MAX_CONNS 64
+#define HTTP_TIMEOUT_MS 5000
+
+typedef struct out_item {
+    size_t head_off, head_len; /* bytes in the queue's head buffer */
+    gift_rbuf_t *buf;          /* payload buffer (a reference), or NULL */
+    size_t off, len;
+} out_item_t;
+
+/* One batch of queued frames: their heads packed in one buffer. */
+typedef struct out_batch {
+    uint8_t *heads;
+    size_t heads_len, heads_cap;
+    out_item_t *items;
+    size_t nitems, items_cap;
+    uv_buf_t *bufs;
+    size_t bufs_cap;
+    uint64_t bytes;
+} out_batch_t;
+
+typedef struct conn {
+    uv_tcp_t tcp;
+    uv_write_t wreq;
+    struct gift_server *srv;
+    uint64_t id;
+    gift_reader_t *reader;
+    gift_peer_t *peer;
+    out_batch_t q[2]; /* q[cur] collects, q[!cur] is in flight */
+    int cur;
+    int writing;
+    int reading;
+    int closing;
+    int in_list;
+    struct conn *next, *prev;
+} conn_t;
+
+typedef struct http_conn {
+    uv_tcp_t tcp;
+    uv_write_t wreq;
+    uv_timer_t timer;
+    struct gift_server *srv;
+    char req[HTTP_MAX_REQUEST];
+    size_t len;
+    gift_str_t resp;
+    int closing;
+    int handles; /* open handles among tcp and timer */
+} http_conn_t;
+
+struct gift_server {
+    gift_server_opts_t o;
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_tcp_t http;
+    int http_on;
+    uv_signal_t sigterm, sigint, sighup;
+    gift_shard_t *shard;
+    gift_limits_t limits;
+    conn_t *conns;
+    uint32_t nconns;
+    uint32_t nhttp;
+    uint64_t next_id;
+    int port, http_port;
+    int draining;
+    gift_proc_info_t pi;
+};
+
+static uint64_t now_ns(void)
+{
+    return uv_hrtime();
+}
+
+/* ------------------------------------------------------------------ */
+/* Write queue                                                           */
+/* ------------------------------------------------------------------ */
+
+static void batch_release(out_batch_t *b)
+{
+    for (size_t i = 0; i < b->nitems; i++)
+        gift_rbuf_unref(b->items[i].buf);
+    b->nitems = 0;
+    b->heads_len = 0;
+    b->bytes = 0;
+}
+
+static void batch_free(out_batch_t *b)
+{
+    batch_release(b);
+    free(b->heads);
+    free(b->items);
+    free(b->bufs);
+    memset(b, 0, sizeof *b);
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    size_t ncap = *cap ? *cap : 16;
+    void *np;
+    if (need <= *cap)
+        return 0;
+    while (ncap < need)
+        ncap *= 2;
+    if ((np = realloc(*p, ncap * elem)) == NULL)
+        return GIFT_ENOMEM;
+    *p = np;
+    *cap = ncap;
+    return 0;
+}
+
+static uint64_t queued_bytes(const conn_t *c)
+{
+    return c->q[0].bytes + c->q[1].bytes;
+}
+
+static void conn_close(conn_t *c);
+static void on_write(uv_write_t *req, int status);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf);
+
+/* Starts a write of everything collected, if none is in flight. */
+static void conn_flush(conn_t *c)
+{
+    out_batch_t *b = &c->q[c->cur];
+    size_t nb = 0;
+    int rc;
+
+    if (c->writing || b->nitems == 0)
+        return;
+    if (grow((void **)&b->bufs, &b->bufs_cap, 2 * b->nitems, sizeof(uv_buf_t)) < 0) {
+        GIFT_LOG_ERROR(c->id, "out of memory queueing a write; closing");
+        conn_close(c);
+        return;
+    }
+    for (size_t i = 0; i < b->nitems; i++) {
+        out_item_t *it = &b->items[i];
+        b->bufs[nb++] = uv_buf_init((char *)b->heads + it->head_off, (unsigned)it->head_len);
+        if (it->buf != NULL && it->len > 0)
+            b->bufs[nb++] = uv_buf_init((char *)it->buf->data + it->off, (unsigned)it->len);
+    }
+    c->wreq.data = c;
+    if ((rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, b->bufs, (unsigned)nb, on_write)) < 0) {
+        GIFT_LOG_WARN(c->id, "write failed: %s", uv_strerror(rc));
+        conn_close(c);
+        return;
+    }
+    c->writing = 1;
+    c->cur = !c->cur;
+}
+
+static void start_reading(conn_t *c)
+{
+    if (c->reading || c->closing)
+        return;
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+        c->reading = 1;
+}
+
+static void stop_reading(conn_t *c)
+{
+    if (!c->reading)
+        return;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = 0;
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+    conn_t *c = req->data;
+    out_batch_t *done = &c->q[!c->cur];
+
+    c->writing = 0;
+    batch_release(done);
+    if (status < 0) {
+        if (!c->closing)
+            GIFT_LOG_INFO(c->id, "write error: %s", uv_strerror(status));
+        conn_close(c);
+        return;
+    }
+    conn_flush(c);
+    if (c->closing) {
+        if (!c->writing)
+            conn_close(c);
+        return;
+    }
+    if (!c->reading && !c->srv->draining && queued_bytes(c) <= c->srv->o.write_queue_bytes / 2)
+        start_reading(c);
+}
+
+/* io->send for the shard. */
+static int io_send(void *ctx, const uint8_t *head, size_t head_len, gift_rbuf_t *buf, size_t off,
+                   size_t len)
+{
+    conn_t *c = ctx;
+    out_batch_t *b = &c->q[c->cur];
+    out_item_t *it;
+
+    if (c->closing && c->peer == NULL)
+        return GIFT_ECLOSED;
+    if (grow((void **)&b->heads, &b->heads_cap, b->heads_len + head_len, 1) < 0 ||
+        grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(out_item_t)) < 0)
+        return GIFT_ENOMEM;
+    it = &b->items[b->nitems++];
+    memcpy(b->heads + b->heads_len, head, head_len);
+    it->head_off = b->heads_len;
+    it->head_len = head_len;
+    b->heads_len += head_len;
+    it->buf = buf;
+    it->off = off;
+    it->len = buf ? len : 0;
+    if (buf)
+        gift_rbuf_ref(buf);
+    b->bytes += head_len + it->len;
+    if (queued_bytes(c) > c->srv->o.write_queue_bytes && c->reading) {
+        GIFT_LOG_DEBUG(c->id, "write queue at %llu bytes: pausing reads",
+                 (unsigned long long)queued_bytes(c));
+        stop_reading(c);
+    }
+    conn_flush(c);
+    return 0;
+}
+
+/* io->close for the shard: close once the queue is written. */
+static void io_close(void *ctx)
+{
+    conn_t *c = ctx;
+    c->closing = 1;
+    stop_reading(c);
+    if (!c->writing)
+        conn_close(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Connections                                                           */
+/* ------------------------------------------------------------------ */
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    conn_t *c = h->data;
+    gift_server_t *s = c->srv;
+
+    if (c->peer)
+        gift_shard_peer_close(s->shard, c->peer);
+    c->peer = NULL;
+    if (c->in_list) {
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            s->conns = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+        s->nconns--;
+    }
+    batch_free(&c->q[0]);
+    batch_free(&c->q[1]);
+    gift_reader_free(c->reader);
+    GIFT_LOG_DEBUG(c->id, "connection closed");
+    free(c);
+}
+
+static void conn_close(conn_t *c)
+{
+    c->closing = 1;
+    if (uv_is_closing((uv_handle_t *)&c->tcp))
+        return;
+    stop_reading(c);
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    conn_t *c = h->data;
+    uint8_t *p = NULL;
+    size_t avail = 0;
+    if (gift_reader_reserve(c->reader, suggested < 65536 ? 65536 : suggested, &p, &avail) < 0) {
+        *buf = uv_buf_init(NULL, 0);
+        return;
+    }
+    *buf = uv_buf_init((char *)p, (unsigned)(avail > (1u << 30) ? (1u << 30) : avail));
+}
+
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+    conn_t *c = st->data;
+    gift_frame_t f;
+    int rc;
+
+    (void)buf;
+    if (n == UV_ENOBUFS) {
+        gift_shard_reject(c->srv->shard, c->peer, GIFT_ENOMEM, "cannot buffer the incoming frame");
+        return;
+    }
+    if (n < 0) {
+        if (n != UV_EOF)
+            GIFT_LOG_INFO(c->id, "read error: %s", uv_strerror((int)n));
+        else if ((rc = gift_reader_eof(c->reader)) < 0)
+            GIFT_LOG_INFO(c->id, "peer closed inside a frame (%zu bytes buffered)",
+                     gift_reader_buffered(c->reader));
+        conn_close(c);
+        return;
+    }
+    gift_reader_commit(c->reader, (size_t)n);
+    while (!c->closing && (rc = gift_reader_next(c->reader, &f)) != 0) {
+        if (rc < 0) {
+            GIFT_LOG_WARN(c->id, "malformed stream: %s", gift_strerror(rc));
+            gift_shard_reject(c->srv->shard, c->peer, rc, gift_strerror(rc));
+            return;
+        }
+        if (gift_shard_handle(c->srv->shard, c->peer, &f) < 0)
+            return;
+    }
+}
+
+static void on_connection(uv_stream_t *l, int status)
+{
+    gift_server_t *s = l->data;
+    conn_t *c;
+
+    if (status < 0) {
+        GIFT_LOG_WARN(0, "accept failed: %s", uv_strerror(status));
+        return;
+    }
+    if ((c = calloc(1, sizeof *c)) == NULL)
+        return;
+    c->srv = s;
+    c->id = ++s->next_id;
+    uv_tcp_init(&s->loop, &c->tcp);
+    c->tcp.data = c;
+    if (uv_accept(l, (uv_stream_t *)&c->tcp) < 0 ||
+        (c->reader = gift_reader_new(&s->limits)) == NULL ||
+        (c->peer = gift_shard_peer_open(s->shard, c, c->id)) == NULL) {
+        conn_close(c);
+        return;
+    }
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    c->in_list = 1;
+    s->nconns++;
+    uv_tcp_nodelay(&c->tcp, 1);
+    {
+        struct sockaddr_storage ss;
+        int len = sizeof ss;
+        char host[64] = "?";
+        if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+            if (ss.ss_family == AF_INET6)
+                uv_ip6_name((struct sockaddr_in6 *)&ss, host, sizeof host);
+            else
+                uv_ip4_name((struct sockaddr_in *)&ss, host, sizeof host);
+        }
+        GIFT_LOG_DEBUG(c->id, "connection from %s", host);
+    }
+    if (s->nconns > s->o.max_connections) {
+        char text[128];
+        snprintf(text, sizeof text, "too many connections (max_connections %u)",
+                 s->o.max_connections);
+        gift_shard_reject(s->shard, c->peer, GIFT_EBUSY, text);
+        return;
+    }
+    start_reading(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* HTTP                                                                  */
+/* ------------------------------------------------------------------ */
+
+static void on_http_closed(uv_handle_t *h)
+{
+    http_conn_t *hc = h->data;
+    if (--hc->handles > 0)
+        return;
+    hc->srv->nhttp--;
+    gift_str_free(&hc->resp);
+    free(hc);
+}
+
+static void http_close(http_conn_t *hc)
+{
+    if (hc->closing)
+        return;
+    hc->closing = 1;
+    uv_timer_stop(&hc->timer);
+    uv_close((uv_handle_t *)&hc->timer, on_http_closed);
+    uv_close((uv_handle_t *)&hc->tcp, on_http_closed);
+}
+
+static void on_http_write(uv_write_t *req, int status)
+{
+    (void)status;
+    http_close(req->data);
+}
+
+static void on_http_timeout(uv_timer_t *t)
+{
+    http_close(t->data);
+}
+
+static void on_http_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    http_conn_t *hc = h->data;
+    (void)suggested;
+    *buf = uv_buf_init(hc->req + hc->len, (unsigned)(sizeof hc->req - 1 - hc->len));
+}
+
+static void on_http_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+    http_conn_t *hc = st->data;
+    gift_server_t *s = hc->srv;
+    uv_buf_t out;
+
+    (void)buf;
+    if (n < 0 || hc->closing) {
+        http_close(hc);
+        return;
+    }
+    hc->len += (size_t)n;
+    hc->req[hc->len] = '\0';
+    if (strstr(hc->req, "\r\n\r\n") == NULL) {
+        if (hc->len >= sizeof hc->req - 1) {
+            static const char too_big[] = "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                                          "Content-Length: 0\r\nConnection: close\r\n\r\n";
+            uv_read_stop(st);
+            gift_str_printf(&hc->resp, "%s", too_big);
+            goto send;
+        }
+        return;
+    }
+    uv_read_stop(st);
+    s->pi.open_connections = s->nconns;
+    s->pi.draining = s->draining;
+    gift_http_respond(hc->req, hc->len, s->shard, &s->pi, &hc->resp);
+send:
+    out = uv_buf_init(hc->resp.p, (unsigned)hc->resp.len);
+    hc->wreq.data = hc;
+    if (uv_write(&hc->wreq, st, &out, 1, on_http_write) < 0)
+        http_close(hc);
+}
+
+static void on_http_connection(uv_stream_t *l, int status)
+{
+    gift_server_t *s = l->data;
+    http_conn_t *hc;
+
+    if (status < 0)
+        return;
+    if ((hc = calloc(1, sizeof *hc)) == NULL)
+        return;
+    hc->srv = s;
+    s->nhttp++;
+    uv_tcp_init(&s->loop, &hc->tcp);
+    uv_timer_init(&s->loop, &hc->timer);
+    hc->tcp.data = hc;
+    hc->timer.data = hc;
+    hc->handles = 2;
+    if (uv_accept(l, (uv_stream_t *)&hc->tcp) < 0 || s->nhttp > HTTP_MAX_CONNS) {
+        http_close(hc);
+        return;
+    }
+    uv_timer_start(&hc->timer, on_http_timeout, HTTP_TIMEOUT_MS, 0);
+    uv_read_start((uv_stream_t *)&hc->tcp, on_http_alloc, on_http_read);
+}
+
+/* ------------------------------------------------------------------ */
+/* Signals and lifetime                                                  */
+/* ------------------------------------------------------------------ */
+
+static void on_handle_closed_noop(uv_handle_t *h)
+{
+    (void)h;
+}
+
+/* Stops accepting, stops reading, and lets queued replies go out; the loop
+ * ends when the last connection has closed. */
+static void drain(gift_server_t *s)
+{
+    if (s->draining)
+        return;
+    s->draining = 1;
+    GIFT_LOG_INFO(0, "draining: %u connections", s->nconns);
+    if (!uv_is_closing((uv_handle_t *)&s->listener))
+        uv_close((uv_handle_t *)&s->listener, on_handle_closed_noop);
+    if (s->http_on && !uv_is_closing((uv_handle_t *)&s->http))
+        uv_close((uv_handle_t *)&s->http, on_handle_closed_noop);
+    for (conn_t *c = s->conns; c != NULL; c = c->next) {
+        c->closing = 1;
+        stop_reading(c);
+        if (!c->writing) {
+            conn_flush(c);
+            if (!c->writing)
+                conn_close(c);
+        }
+    }
+    uv_close((uv_handle_t *)&s->sigterm, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&s->sigint, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&s->sighup, on_handle_closed_noop);
+}
+
+static void exit_now(int signum)
+{
+    (void)signum;
+    _exit(1);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    gift_server_t *s = h->data;
+    if (signum == SIGHUP) {
+        GIFT_LOG_INFO(0, "SIGHUP: reloading the log level");
+        if (s->o.reload_cb)
+            s->o.reload_cb(s->o.reload_arg);
+        return;
+    }
+    GIFT_LOG_INFO(0, "%s: finishing in-flight replies, then exiting (again to exit now)",
+             signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    /* The signal handles close in drain(): a second signal reaches these. */
+    signal(SIGTERM, exit_now);
+    signal(SIGINT, exit_now);
+    drain(s);
+}
+
+static int listen_on(gift_server_t *s, uv_tcp_t *h, int port, uv_connection_cb cb, int *bound,
+                     char *err, size_t errlen)
+{
+    struct sockaddr_storage addr;
+    struct sockaddr_storage got;
+    int len = sizeof got, rc;
+
+    if (uv_ip4_addr(s->o.bind, port, (struct sockaddr_in *)&addr) != 0 &&
+        uv_ip6_addr(s->o.bind, port, (struct sockaddr_in6 *)&addr) != 0) {
+        snprintf(err, errlen, "bind address '%s' is not an IPv4 or IPv6 address", s->o.bind);
+        return GIFT_ECONFIG;
+    }
+    uv_tcp_init(&s->loop, h);
+    h->data = s;
+    if ((rc = uv_tcp_bind(h, (struct sockaddr *)&addr, 0)) < 0 ||
+        (rc = uv_listen((uv_stream_t *)h, 511, cb)) < 0) {
+        snprintf(err, errlen, "cannot listen on %s:%d: %s", s->o.bind, port, uv_strerror(rc));
+        return GIFT_EIO;
+    }
+    if (uv_tcp_getsockname(h, (struct sockaddr *)&got, &len) == 0)
+        *bound = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                                                  : ((struct sockaddr_in *)&got)->sin_port);
+    return 0;
+}
+
+int gift_server_new(const gift_server_opts_t *o, gift_server_t **out, char *err, size_t errlen)
+{
+    gift_shard_io_t io = {.send = io_send, .close = io_close, .now_ns = now_ns};
+    gift_server_t *s;
+    int rc;
+
+    *out = NULL;
+    if ((s = calloc(1, sizeof *s)) == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return GIFT_ENOMEM;
+    }
+    s->o = *o;
+    if (s->o.write_queue_bytes == 0)
+        s->o.write_queue_bytes = 256ull << 20;
+    s->limits.max_header_bytes = o->max_header_bytes;
+    s->limits.max_frame_bytes = o->max_frame_bytes;
+    s->o.shard.max_frame_bytes = o->max_frame_bytes;
+    s->pi.started_unix = (uint64_t)time(NULL);
+    if ((rc = uv_loop_init(&s->loop)) < 0) {
+        snprintf(err, errlen, "uv_loop_init: %s", uv_strerror(rc));
+        free(s);
+        return GIFT_EIO;
+    }
+    if ((s->shard = gift_shard_new(&s->o.shard, &io)) == NULL) {
+        snprintf(err, errlen, "cannot create the shard (shard_id %u of %u, or out of memory)",
+                 o->shard.shard_id, o->shard.num_shards);
+        rc = GIFT_ECONFIG;
+        goto fail_loop;
+    }
+    if ((rc = listen_on(s, &s->listener, o->port, on_connection, &s->port, err, errlen)) < 0)
+        goto fail_shard;
+    if (o->http_port >= 0) {
+        if ((rc = listen_on(s, &s->http, o->http_port, on_http_connection, &s->http_port, err,
+                            errlen)) < 0) {
+            uv_close((uv_handle_t *)&s->listener, NULL);
+            goto fail_shard;
+        }
+        s->http_on = 1;
+    } else {
+        s->http_port = -1;
+    }
+    uv_signal_init(&s->loop, &s->sigterm);
+    uv_signal_init(&s->loop, &s->sigint);
+    uv_signal_init(&s->loop, &s->sighup);
+    s->sigterm.data = s->sigint.data = s->sighup.data = s;
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sighup, on_signal, SIGHUP);
+    signal(SIGPIPE, SIG_IGN);
+    *out = s;
+    return 0;
+fail_shard:
+    gift_shard_free(s->shard);
+    uv_run(&s->loop, UV_RUN_NOWAIT);
+fail_loop:
+    uv_loop_close(&s->loop);
+    free(s);
+    return rc;
+}
+
+int gift_server_run(gift_server_t *s)
+{
+    int rc = uv_run(&s->loop, UV_RUN_DEFAULT);
+    (void)rc;
+    GIFT_LOG_INFO(0, "stopped");
+    return 0;
+}
+
+void gift_server_free(gift_server_t *s)
+{
+    if (s == NULL)
+        return;
+    if (!s->draining)
+        drain(s);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(&s->loop) != 0)
+        GIFT_LOG_WARN(0, "event loop still held handles at exit");
+    gift_shard_free(s->shard);
+    free(s);
+}
+
+int gift_server_port(const gift_server_t *s)
+{
+    return s->port;
+}
+
+int gift_server_http_port(const gift_server_t *s)
+{
+    return s->http_port;
+}

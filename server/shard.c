@@ -1,0 +1,1318 @@
+/*
+ * shard.c: the shard store, sync aggregation and geometry owner of shard.h.
+ * No sockets here: frames come in through gift_shard_handle and go out
+ * through the io callbacks.
+ */
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gift_codec.h"
+#include "log.h"
+#include "shard.h"
+
+#define MAX_EPOCH_RECS 4
+#define REFRESH_DEFAULT 50
+#define HEAD_MAX 4096 /* preamble + any header the shard sends, except Stats */
+
+const double gift_lat_bounds[GIFT_LAT_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                  0.1,   0.25,   0.5,   1.0,  2.5,   INFINITY};
+
+/* ------------------------------------------------------------------ */
+/* Reference-counted buffers                                             */
+/* ------------------------------------------------------------------ */
+
+gift_rbuf_t *gift_rbuf_new(size_t cap)
+{
+    gift_rbuf_t *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return NULL;
+    /* 64-byte alignment keeps payload sections aligned for SIMD decode. */
+    if (posix_memalign((void **)&b->data, 64, cap ? cap : 64) != 0) {
+        free(b);
+        return NULL;
+    }
+    memset(b->data, 0, cap ? cap : 64);
+    b->refs = 1;
+    b->cap = cap;
+    return b;
+}
+
+void gift_rbuf_ref(gift_rbuf_t *b)
+{
+    b->refs++;
+}
+
+void gift_rbuf_unref(gift_rbuf_t *b)
+{
+    if (b == NULL || --b->refs > 0)
+        return;
+    free(b->data);
+    free(b);
+}
+
+/* ------------------------------------------------------------------ */
+/* State                                                                 */
+/* ------------------------------------------------------------------ */
+
+struct chunk;
+
+/* A pull waiting for its step, linked into its chunk's list and its peer's. */
+typedef struct parked {
+    struct parked *cnext, *cprev;
+    struct parked *pnext, *pprev;
+    gift_peer_t *peer;
+    struct chunk *ch;
+    uint64_t step, seq;
+    uint32_t have_epoch;
+} parked_t;
+
+struct gift_peer {
+    void *ctx;
+    uint64_t id;
+    int hello;
+    int closing;
+    uint32_t rank;
+    parked_t *parked;
+};
+
+typedef struct slot {
+    float *acc;
+    uint64_t *ranks; /* bitmap of ranks that pushed */
+    uint32_t count;
+    int64_t epoch; /* -1: no push yet */
+    uint64_t t_first;
+} slot_t;
+
+typedef struct reply {
+    int valid;
+    int err; /* 0, or the code pulls of this step get (e.g. the mean overflowed) */
+    uint64_t step;
+    uint32_t epoch;
+    gift_rbuf_t *buf;
+} reply_t;
+
+typedef struct tensor tensor_t;
+
+typedef struct chunk {
+    tensor_t *t;
+    uint32_t id, row_begin, rows;
+    size_t n;
+    gift_layout_t push_l, pull_l;
+    int started;
+    uint64_t base;
+    slot_t slot[2];   /* slot[step & 1] for steps base and base + 1 */
+    reply_t reply[2]; /* reply[step & 1] for the last two finished steps */
+    parked_t *parked;
+} chunk_t;
+
+typedef struct epoch_rec {
+    uint32_t epoch;
+    uint64_t valid_from;
+} epoch_rec_t;
+
+struct tensor {
+    uint32_t key;
+    char *name;
+    uint32_t rows, cols;
+    gift_codec_params_t push, pull;
+    Gift__Format push_fmt, pull_fmt;
+    uint32_t push_block, pull_block;
+    int geometry;
+    uint32_t k, ks, refresh;
+    uint64_t seed;
+    chunk_t **by_id;
+    uint32_t nby_id;
+    uint32_t nchunks;
+    int owner;
+    /* Geometry owner state. */
+    gift_geometry_t geo;
+    int geo_ok;
+    float *ysum;
+    double trace_sum;
+    uint64_t *sk_ranks;
+    uint32_t sk_count;
+    int sk_active;
+    uint64_t sk_step;
+    gift_rbuf_t *geo_buf;
+    epoch_rec_t epochs[MAX_EPOCH_RECS];
+    uint32_t nepochs;
+    /* Status. */
+    double hit_rate;
+    uint64_t bytes_in, bytes_out;
+};
+
+struct gift_shard {
+    gift_shard_opts_t o;
+    gift_shard_io_t io;
+    uint32_t world;
+    size_t words; /* uint64 words per rank bitmap */
+    int declared;
+    uint64_t digest;
+    tensor_t *tensors;
+    size_t ntensors;
+    chunk_t *chunks;
+    size_t nchunks;
+    /* Sorted (key, chunk) signature of the placement, to compare re-declarations. */
+    uint64_t placement;
+    parked_t *pool;
+    parked_t *free_parked;
+    gift_shard_counters_t c;
+    uint8_t head[HEAD_MAX];
+};
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                               */
+/* ------------------------------------------------------------------ */
+
+static int bit_get(const uint64_t *b, uint32_t i)
+{
+    return (int)((b[i >> 6] >> (i & 63)) & 1u);
+}
+
+static void bit_set(uint64_t *b, uint32_t i)
+{
+    b[i >> 6] |= 1ull << (i & 63);
+}
+
+static uint64_t now_ns(const gift_shard_t *s)
+{
+    return s->io.now_ns ? s->io.now_ns() : 0;
+}
+
+static int format_from_wire(Gift__Format f)
+{
+    switch (f) {
+    case GIFT__FORMAT__FORMAT_F32:
+        return GIFT_FMT_F32;
+    case GIFT__FORMAT__FORMAT_BF16:
+        return GIFT_FMT_BF16;
+    case GIFT__FORMAT__FORMAT_FP8_E4M3:
+        return GIFT_FMT_E4M3;
+    case GIFT__FORMAT__FORMAT_FP8_E5M2:
+        return GIFT_FMT_E5M2;
+    case GIFT__FORMAT__FORMAT_NVFP4:
+        return GIFT_FMT_NVFP4;
+    default:
+        return GIFT_EFORMAT;
+    }
+}
+
+/* Codec params from a wire Codec (NULL means f32). Returns 0 or GIFT_EFORMAT. */
+static int codec_from_wire(const Gift__Codec *c, gift_codec_params_t *p)
+{
+    gift_layout_t l;
+    int f = format_from_wire(c ? c->format : GIFT__FORMAT__FORMAT_F32);
+    if (f < 0)
+        return GIFT_EFORMAT;
+    memset(p, 0, sizeof *p);
+    p->fmt = (gift_format_t)f;
+    p->block = c ? c->block : 0;
+    return gift_layout(p, 1, &l);
+}
+
+static int codec_equal(const Gift__Codec *c, Gift__Format fmt, uint32_t block)
+{
+    Gift__Format f = c ? c->format : GIFT__FORMAT__FORMAT_F32;
+    uint32_t b = c ? c->block : 0;
+    if (f != fmt)
+        return 0;
+    if (f == GIFT__FORMAT__FORMAT_FP8_E4M3 || f == GIFT__FORMAT__FORMAT_FP8_E5M2)
+        return (b ? b : GIFT_FP8_BLOCK_DEFAULT) == (block ? block : GIFT_FP8_BLOCK_DEFAULT);
+    return 1;
+}
+
+static void count_error(gift_shard_t *s, int code)
+{
+    int i = -code;
+    if (i >= 0 && i < 32)
+        s->c.errors[i]++;
+}
+
+/* Packs env with payload_len into s->head and sends it with buf. */
+static int send_frame(gift_shard_t *s, gift_peer_t *p, Gift__Envelope *env, gift_rbuf_t *buf,
+                      size_t off, size_t len)
+{
+    uint8_t *head = s->head;
+    size_t need = gift_frame_head_size(env);
+    long n;
+    int rc;
+    if (need > sizeof s->head && (head = malloc(need)) == NULL)
+        return GIFT_ENOMEM;
+    if ((n = gift_frame_pack_head(env, len, head, need)) < 0) {
+        rc = (int)n;
+        goto out;
+    }
+    rc = s->io.send(p->ctx, head, (size_t)n, buf, off, len);
+    if (rc == 0) {
+        s->c.frames_out++;
+        s->c.bytes_out += (uint64_t)n + len;
+    }
+out:
+    if (head != s->head)
+        free(head);
+    return rc;
+}
+
+/* Sends an Error frame; with fatal set, also asks the glue to close. */
+static void send_error(gift_shard_t *s, gift_peer_t *p, int code, int fatal, uint32_t key,
+                       uint32_t chunk, uint64_t step, uint64_t seq, const char *fmt, ...)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Error e = GIFT__ERROR__INIT;
+    char text[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    count_error(s, code);
+    e.code = code;
+    e.text = text;
+    e.key = key;
+    e.chunk = chunk;
+    e.step = step;
+    e.seq = seq;
+    e.fatal = fatal != 0;
+    env.msg_case = GIFT__ENVELOPE__MSG_ERROR;
+    env.error = &e;
+    gift_log(fatal ? GIFT_LOG_LEVEL_WARN : GIFT_LOG_LEVEL_INFO, p->id, "error %d (%s) to rank %u: %s%s", code,
+             gift_strerror(code), p->rank, text, fatal ? "; closing" : "");
+    (void)send_frame(s, p, &env, NULL, 0, 0);
+    if (fatal && !p->closing) {
+        p->closing = 1;
+        s->io.close(p->ctx);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Creation and teardown                                                 */
+/* ------------------------------------------------------------------ */
+
+gift_shard_t *gift_shard_new(const gift_shard_opts_t *o, const gift_shard_io_t *io)
+{
+    gift_shard_t *s;
+    if (o == NULL || io == NULL || io->send == NULL || io->close == NULL ||
+        o->num_shards == 0 || o->shard_id >= o->num_shards)
+        return NULL;
+    if ((s = calloc(1, sizeof *s)) == NULL)
+        return NULL;
+    s->o = *o;
+    if (s->o.max_parked == 0)
+        s->o.max_parked = 65536;
+    if (s->o.max_frame_bytes == 0)
+        s->o.max_frame_bytes = GIFT_MAX_FRAME_DEFAULT;
+    if (!(s->o.damping > 0.0))
+        s->o.damping = GIFT_DAMPING_DEFAULT;
+    s->io = *io;
+    s->world = o->world_size;
+    if ((s->pool = calloc(s->o.max_parked, sizeof *s->pool)) == NULL) {
+        free(s);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < s->o.max_parked; i++) {
+        s->pool[i].pnext = s->free_parked;
+        s->free_parked = &s->pool[i];
+    }
+    return s;
+}
+
+static void store_free(gift_shard_t *s)
+{
+    for (size_t i = 0; i < s->nchunks; i++) {
+        chunk_t *ch = &s->chunks[i];
+        for (int j = 0; j < 2; j++) {
+            free(ch->slot[j].acc);
+            free(ch->slot[j].ranks);
+            gift_rbuf_unref(ch->reply[j].buf);
+        }
+    }
+    for (size_t i = 0; i < s->ntensors; i++) {
+        tensor_t *t = &s->tensors[i];
+        free(t->name);
+        free(t->by_id);
+        if (t->owner && t->geometry) {
+            gift_geometry_free(&t->geo);
+            free(t->ysum);
+            free(t->sk_ranks);
+            gift_rbuf_unref(t->geo_buf);
+        }
+    }
+    free(s->chunks);
+    free(s->tensors);
+    s->chunks = NULL;
+    s->tensors = NULL;
+    s->nchunks = s->ntensors = 0;
+    s->declared = 0;
+}
+
+void gift_shard_free(gift_shard_t *s)
+{
+    if (s == NULL)
+        return;
+    store_free(s);
+    free(s->pool);
+    free(s);
+}
+
+/* ------------------------------------------------------------------ */
+/* Peers and parked pulls                                                */
+/* ------------------------------------------------------------------ */
+
+gift_peer_t *gift_shard_peer_open(gift_shard_t *s, void *ctx, uint64_t conn_id)
+{
+    gift_peer_t *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    p->ctx = ctx;
+    p->id = conn_id;
+    s->c.peers++;
+    return p;
+}
+
+static void parked_unlink(gift_shard_t *s, parked_t *q)
+{
+    if (q->cprev)
+        q->cprev->cnext = q->cnext;
+    else
+        q->ch->parked = q->cnext;
+    if (q->cnext)
+        q->cnext->cprev = q->cprev;
+    if (q->pprev)
+        q->pprev->pnext = q->pnext;
+    else
+        q->peer->parked = q->pnext;
+    if (q->pnext)
+        q->pnext->pprev = q->pprev;
+    memset(q, 0, sizeof *q);
+    q->pnext = s->free_parked;
+    s->free_parked = q;
+}
+
+void gift_shard_peer_close(gift_shard_t *s, gift_peer_t *p)
+{
+    if (p == NULL)
+        return;
+    while (p->parked)
+        parked_unlink(s, p->parked);
+    s->c.peers--;
+    free(p);
+}
+
+static int park(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, uint64_t step, uint64_t seq,
+                uint32_t have_epoch)
+{
+    parked_t *q = s->free_parked;
+    if (q == NULL)
+        return GIFT_EBUSY;
+    s->free_parked = q->pnext;
+    memset(q, 0, sizeof *q);
+    q->peer = p;
+    q->ch = ch;
+    q->step = step;
+    q->seq = seq;
+    q->have_epoch = have_epoch;
+    q->cnext = ch->parked;
+    if (ch->parked)
+        ch->parked->cprev = q;
+    ch->parked = q;
+    q->pnext = p->parked;
+    if (p->parked)
+        p->parked->pprev = q;
+    p->parked = q;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Declaration                                                           */
+/* ------------------------------------------------------------------ */
+
+static uint64_t placement_sig(Gift__ChunkDecl *const *c, size_t n)
+{
+    /* Order-independent: sum of a mix of each (key, chunk, rows, row_begin). */
+    uint64_t sig = n;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t x = ((uint64_t)c[i]->key << 32) ^ c[i]->chunk;
+        x ^= ((uint64_t)c[i]->row_begin << 20) ^ ((uint64_t)c[i]->rows << 44);
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        sig += x ^ (x >> 31);
+    }
+    return sig;
+}
+
+/* Publishes g's current state as the newest geometry of t: the payload
+ * buffer (U then lambda) and the epoch record. */
+static int publish_geometry(gift_shard_t *s, tensor_t *t, uint64_t valid_from)
+{
+    size_t ub = (size_t)t->cols * t->ks * 4, lb = (size_t)t->ks * 4;
+    gift_rbuf_t *b = t->geo_buf;
+    if (b == NULL || b->refs > 1) {
+        /* A write still holds the old basis: it keeps it, we take a new one. */
+        gift_rbuf_t *nb = gift_rbuf_new(ub + lb);
+        if (nb == NULL)
+            return GIFT_ENOMEM;
+        gift_rbuf_unref(b);
+        t->geo_buf = b = nb;
+    }
+    memcpy(b->data, t->geo.U, ub);
+    memcpy(b->data + ub, t->geo.lambda, lb);
+    b->len = ub + lb;
+    if (t->nepochs == MAX_EPOCH_RECS) {
+        memmove(t->epochs, t->epochs + 1, (MAX_EPOCH_RECS - 1) * sizeof t->epochs[0]);
+        t->nepochs--;
+    }
+    t->epochs[t->nepochs].epoch = t->geo.epoch;
+    t->epochs[t->nepochs].valid_from = valid_from;
+    t->nepochs++;
+    (void)s;
+    return 0;
+}
+
+/* Validates a Declare and builds the store from it. On error nothing is kept
+ * and *why says what was wrong. */
+static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_t whylen)
+{
+    int rc = GIFT_ENOMEM;
+    size_t nt = d->n_tensors, nc = d->n_chunks;
+
+    if (nt == 0) {
+        snprintf(why, whylen, "the tensor list is empty");
+        return GIFT_EINVAL;
+    }
+    if ((s->tensors = calloc(nt, sizeof *s->tensors)) == NULL ||
+        (nc && (s->chunks = calloc(nc, sizeof *s->chunks)) == NULL))
+        goto fail;
+    s->ntensors = nt;
+    s->nchunks = nc;
+    for (size_t i = 0; i < nt; i++) {
+        const Gift__TensorDecl *td = d->tensors[i];
+        tensor_t *t = &s->tensors[i];
+        gift_layout_t l;
+        if (td->key != i) {
+            snprintf(why, whylen, "tensor %zu has key %u: keys must be 0..n-1 in order", i,
+                     td->key);
+            rc = GIFT_EINVAL;
+            goto fail;
+        }
+        if (td->rows == 0 || td->cols == 0 || (uint64_t)td->rows * td->cols > (1ull << 40)) {
+            snprintf(why, whylen, "tensor %u has shape %u x %u", td->key, td->rows, td->cols);
+            rc = GIFT_ESHAPE;
+            goto fail;
+        }
+        if (codec_from_wire(td->push_codec, &t->push) < 0 ||
+            codec_from_wire(td->pull_codec, &t->pull) < 0 ||
+            gift_layout(&t->push, 1, &l) < 0 || gift_layout(&t->pull, 1, &l) < 0) {
+            snprintf(why, whylen, "tensor %u has an unknown codec or block size", td->key);
+            rc = GIFT_ECODEC;
+            goto fail;
+        }
+        t->key = td->key;
+        if ((t->name = strdup(td->name ? td->name : "")) == NULL)
+            goto fail;
+        t->rows = td->rows;
+        t->cols = td->cols;
+        t->push_fmt = td->push_codec ? td->push_codec->format : GIFT__FORMAT__FORMAT_F32;
+        t->pull_fmt = td->pull_codec ? td->pull_codec->format : GIFT__FORMAT__FORMAT_F32;
+        t->push_block = td->push_codec ? td->push_codec->block : 0;
+        t->pull_block = td->pull_codec ? td->pull_codec->block : 0;
+        t->geometry = td->geometry;
+        t->seed = td->seed;
+        t->refresh = td->refresh ? td->refresh : REFRESH_DEFAULT;
+        if (t->geometry) {
+            t->k = td->rank ? td->rank : (uint32_t)gift_rank_default((int)t->rows, (int)t->cols);
+            t->ks = td->basis_cols
+                        ? td->basis_cols
+                        : (uint32_t)gift_basis_cols((int)t->cols, (int)t->k,
+                                                    GIFT_OVERSAMPLE_DEFAULT);
+            if (t->cols < 2 || t->k < 1 || t->k > t->cols || t->ks < t->k || t->ks > t->cols ||
+                (uint64_t)t->cols * t->ks * 4 > s->o.max_frame_bytes) {
+                snprintf(why, whylen, "tensor %u: rank %u / basis %u invalid for %u columns",
+                         t->key, t->k, t->ks, t->cols);
+                rc = GIFT_ESHAPE;
+                goto fail;
+            }
+        }
+    }
+    for (size_t i = 0; i < nc; i++) {
+        const Gift__ChunkDecl *cd = d->chunks[i];
+        chunk_t *ch = &s->chunks[i];
+        tensor_t *t;
+        if (cd->key >= nt) {
+            snprintf(why, whylen, "chunk %u names tensor %u of %zu", cd->chunk, cd->key, nt);
+            rc = GIFT_ENOKEY;
+            goto fail;
+        }
+        t = &s->tensors[cd->key];
+        if (cd->rows == 0 || (uint64_t)cd->row_begin + cd->rows > t->rows ||
+            cd->chunk > t->rows) {
+            snprintf(why, whylen, "chunk %u of tensor %u: rows [%u, %u) outside 0..%u", cd->chunk,
+                     cd->key, cd->row_begin, cd->row_begin + cd->rows, t->rows);
+            rc = GIFT_ESHAPE;
+            goto fail;
+        }
+        if (cd->chunk >= t->nby_id) {
+            uint32_t nn = cd->chunk + 1;
+            chunk_t **nb = realloc(t->by_id, nn * sizeof *nb);
+            if (nb == NULL)
+                goto fail;
+            memset(nb + t->nby_id, 0, (nn - t->nby_id) * sizeof *nb);
+            t->by_id = nb;
+            t->nby_id = nn;
+        }
+        if (t->by_id[cd->chunk] != NULL) {
+            snprintf(why, whylen, "chunk %u of tensor %u declared twice", cd->chunk, cd->key);
+            rc = GIFT_EINVAL;
+            goto fail;
+        }
+        t->by_id[cd->chunk] = ch;
+        t->nchunks++;
+        ch->t = t;
+        ch->id = cd->chunk;
+        ch->row_begin = cd->row_begin;
+        ch->rows = cd->rows;
+        ch->n = (size_t)cd->rows * t->cols;
+        if (gift_layout(&t->push, ch->n, &ch->push_l) < 0 ||
+            gift_layout(&t->pull, ch->n, &ch->pull_l) < 0 ||
+            ch->push_l.total > s->o.max_frame_bytes || ch->pull_l.total > s->o.max_frame_bytes) {
+            snprintf(why, whylen,
+                     "chunk %u of tensor %u: payload above max_frame_bytes (%" PRIu64 ")",
+                     cd->chunk, cd->key, s->o.max_frame_bytes);
+            rc = GIFT_ESHAPE;
+            goto fail;
+        }
+        if (cd->chunk == 0)
+            t->owner = 1;
+    }
+    /* Allocate every buffer now, once: nothing per message afterwards. */
+    for (size_t i = 0; i < nc; i++) {
+        chunk_t *ch = &s->chunks[i];
+        for (int j = 0; j < 2; j++) {
+            if ((ch->slot[j].acc = calloc(ch->n, sizeof(float))) == NULL ||
+                (ch->slot[j].ranks = calloc(s->words, sizeof(uint64_t))) == NULL ||
+                (ch->reply[j].buf = gift_rbuf_new(ch->pull_l.total)) == NULL)
+                goto fail;
+            ch->slot[j].epoch = -1;
+        }
+    }
+    for (size_t i = 0; i < nt; i++) {
+        tensor_t *t = &s->tensors[i];
+        if (!t->owner || !t->geometry)
+            continue;
+        if ((rc = gift_geometry_init(&t->geo, (int)t->cols, (int)t->k, (int)t->ks, t->seed)) < 0) {
+            snprintf(why, whylen, "tensor %u: geometry init failed (%s)", t->key,
+                     gift_strerror(rc));
+            goto fail;
+        }
+        t->geo_ok = 1;
+        rc = GIFT_ENOMEM;
+        if ((t->ysum = calloc((size_t)t->cols * t->ks, sizeof(float))) == NULL ||
+            (t->sk_ranks = calloc(s->words, sizeof(uint64_t))) == NULL ||
+            publish_geometry(s, t, 0) < 0)
+            goto fail;
+    }
+    s->declared = 1;
+    return 0;
+fail:
+    if (rc == GIFT_ENOMEM)
+        snprintf(why, whylen, "out of memory while allocating the declared buffers");
+    /* Owner flags are set before geometry init; free only what was made. */
+    for (size_t i = 0; i < s->ntensors; i++)
+        if (!s->tensors[i].geo_ok)
+            s->tensors[i].geometry = s->tensors[i].owner ? 0 : s->tensors[i].geometry;
+    store_free(s);
+    return rc;
+}
+
+static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__DeclareAck ack = GIFT__DECLARE_ACK__INIT;
+    char why[256] = "";
+    uint64_t digest = gift_digest_tensors(d->tensors, d->n_tensors);
+    uint64_t sig = placement_sig(d->chunks, d->n_chunks);
+    uint8_t want[8];
+    int rc;
+
+    gift_digest_bytes(digest, want);
+    if (d->digest.len != 8 || memcmp(d->digest.data, want, 8) != 0) {
+        send_error(s, p, GIFT_EDIGEST, 0, 0, 0, 0, 0,
+                   "declare digest does not match its tensor list (%zu tensors)", d->n_tensors);
+        return 0;
+    }
+    if (s->declared) {
+        if (digest != s->digest) {
+            send_error(s, p, GIFT_EDIGEST, 0, 0, 0, 0, 0,
+                       "tensor list differs from the one already declared on this shard");
+            return 0;
+        }
+        if (sig != s->placement) {
+            send_error(s, p, GIFT_EDIGEST, 0, 0, 0, 0, 0,
+                       "chunk placement differs from the one already declared on this shard");
+            return 0;
+        }
+    } else {
+        if ((rc = store_build(s, d, why, sizeof why)) < 0) {
+            send_error(s, p, rc, 0, 0, 0, 0, 0, "declare refused: %s", why);
+            return 0;
+        }
+        s->digest = digest;
+        s->placement = sig;
+        GIFT_LOG_INFO(p->id, "declared %zu tensors, %zu chunks on this shard",
+                 s->ntensors, s->nchunks);
+    }
+    ack.tensors = (uint32_t)s->ntensors;
+    ack.chunks = (uint32_t)s->nchunks;
+    env.msg_case = GIFT__ENVELOPE__MSG_DECLARE_ACK;
+    env.declare_ack = &ack;
+    return send_frame(s, p, &env, NULL, 0, 0) < 0 ? 0 : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Hello                                                                 */
+/* ------------------------------------------------------------------ */
+
+static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__HelloAck ack = GIFT__HELLO_ACK__INIT;
+    uint8_t dg[8];
+
+    if (p->hello) {
+        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "second Hello on one connection");
+        return GIFT_EPROTO;
+    }
+    if (h->protocol_version != GIFT_PROTOCOL_VERSION) {
+        send_error(s, p, GIFT_EVERSION, 1, 0, 0, 0, 0,
+                   "protocol version %u, this shard speaks %d", h->protocol_version,
+                   GIFT_PROTOCOL_VERSION);
+        return GIFT_EVERSION;
+    }
+    if (h->world_size == 0 || h->world_size > 65536) {
+        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u out of range 1..65536",
+                   h->world_size);
+        return GIFT_EWORLD;
+    }
+    if (s->world == 0) {
+        s->world = h->world_size;
+        GIFT_LOG_INFO(p->id, "world size %u (from the first Hello)", s->world);
+    }
+    s->words = (s->world + 63) / 64;
+    if (h->world_size != s->world) {
+        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u, the cluster has %u",
+                   h->world_size, s->world);
+        return GIFT_EWORLD;
+    }
+    if (h->rank >= s->world) {
+        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "rank %u outside 0..%u", h->rank,
+                   s->world - 1);
+        return GIFT_EWORLD;
+    }
+    if (s->declared && h->cluster_digest.len > 0) {
+        gift_digest_bytes(s->digest, dg);
+        if (h->cluster_digest.len != 8 || memcmp(h->cluster_digest.data, dg, 8) != 0) {
+            send_error(s, p, GIFT_EDIGEST, 1, 0, 0, 0, 0,
+                       "cluster digest differs from the tensor list declared on this shard");
+            return GIFT_EDIGEST;
+        }
+    }
+    p->hello = 1;
+    p->rank = h->rank;
+    GIFT_LOG_INFO(p->id, "hello from rank %u of %u (%s)", h->rank, h->world_size,
+             h->client_name && *h->client_name ? h->client_name : "unnamed");
+    ack.protocol_version = GIFT_PROTOCOL_VERSION;
+    ack.shard_id = s->o.shard_id;
+    ack.num_shards = s->o.num_shards;
+    ack.max_frame_bytes = s->o.max_frame_bytes;
+    ack.server_version = (char *)GIFT_CODEC_VERSION;
+    ack.world_size = s->world;
+    env.msg_case = GIFT__ENVELOPE__MSG_HELLO_ACK;
+    env.hello_ack = &ack;
+    (void)send_frame(s, p, &env, NULL, 0, 0);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Push, finish, pull                                                    */
+/* ------------------------------------------------------------------ */
+
+static chunk_t *find_chunk(gift_shard_t *s, uint32_t key, uint32_t id)
+{
+    if (!s->declared || key >= s->ntensors)
+        return NULL;
+    if (id >= s->tensors[key].nby_id)
+        return NULL;
+    return s->tensors[key].by_id[id];
+}
+
+/* The epoch the owner expects for pushes of step. */
+static uint32_t epoch_for_step(const tensor_t *t, uint64_t step)
+{
+    uint32_t e = t->nepochs ? t->epochs[0].epoch : 0;
+    for (uint32_t i = 0; i < t->nepochs; i++)
+        if (t->epochs[i].valid_from <= step)
+            e = t->epochs[i].epoch;
+    return e;
+}
+
+static uint32_t latest_epoch(const tensor_t *t)
+{
+    return t->nepochs ? t->epochs[t->nepochs - 1].epoch : 0;
+}
+
+static void send_reply(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, const reply_t *r,
+                       uint64_t seq)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__PullReply pr = GIFT__PULL_REPLY__INIT;
+    Gift__Codec codec = GIFT__CODEC__INIT;
+    tensor_t *t = ch->t;
+
+    if (r->err) {
+        send_error(s, p, r->err, 0, t->key, ch->id, r->step, seq,
+                   "step %" PRIu64 " of tensor %u chunk %u could not be encoded: %s", r->step,
+                   t->key, ch->id, gift_strerror(r->err));
+        return;
+    }
+    codec.format = t->pull_fmt;
+    codec.block = t->pull_block;
+    pr.key = t->key;
+    pr.chunk = ch->id;
+    pr.step = r->step;
+    pr.epoch = r->epoch;
+    pr.codec = &codec;
+    pr.contributors = s->world;
+    pr.seq = seq;
+    pr.latest_epoch = (t->owner && t->geometry) ? latest_epoch(t) : 0;
+    env.msg_case = GIFT__ENVELOPE__MSG_PULL_REPLY;
+    env.pull_reply = &pr;
+    if (send_frame(s, p, &env, r->buf, 0, ch->pull_l.total) == 0) {
+        s->c.pull_bytes_out[t->pull.fmt] += ch->pull_l.total;
+        t->bytes_out += ch->pull_l.total;
+    }
+}
+
+/* Finishes step ch->base (all world pushes summed): mean, encode into the
+ * step's reply buffer, wake parked pulls, advance; repeats while the next
+ * step is complete too. */
+static void finish_steps(gift_shard_t *s, chunk_t *ch)
+{
+    tensor_t *t = ch->t;
+    while (ch->slot[ch->base & 1].count == s->world) {
+        slot_t *sl = &ch->slot[ch->base & 1];
+        reply_t *r = &ch->reply[ch->base & 1];
+        const float inv = 1.0f / (float)s->world;
+        uint64_t step = ch->base;
+        int rc;
+
+        for (size_t i = 0; i < ch->n; i++)
+            sl->acc[i] *= inv;
+        if (r->buf->refs > 1) {
+            /* Writes of step - 2 still hold the buffer: leave it to them. */
+            gift_rbuf_t *nb = gift_rbuf_new(ch->pull_l.total);
+            if (nb != NULL) {
+                gift_rbuf_unref(r->buf);
+                r->buf = nb;
+            }
+        }
+        rc = r->buf->refs > 1 ? GIFT_ENOMEM
+                              : gift_encode(&t->pull, sl->acc, ch->n, r->buf->data, r->buf->cap);
+        r->buf->len = ch->pull_l.total;
+        r->err = rc < 0 ? rc : 0;
+        r->step = step;
+        r->epoch = sl->epoch < 0 ? 0 : (uint32_t)sl->epoch;
+        r->valid = 1;
+        if (rc < 0)
+            GIFT_LOG_ERROR(0, "tensor %u chunk %u step %" PRIu64 ": encode failed: %s",
+                     t->key, ch->id, step, gift_strerror(rc));
+        if (rc == 0 && s->o.hits_every && step % s->o.hits_every == 0) {
+            gift_hits_t h;
+            if (gift_boundary_hits(&t->pull, sl->acc, r->buf->data, r->buf->cap, ch->n, &h) == 0 &&
+                h.n > 0)
+                t->hit_rate = (double)(h.saturated + h.flushed) / (double)h.n;
+        }
+        if (sl->t_first) {
+            double lat = (double)(now_ns(s) - sl->t_first) * 1e-9;
+            int b = 0;
+            while (b < GIFT_LAT_BUCKETS - 1 && lat > gift_lat_bounds[b])
+                b++;
+            s->c.lat_bucket[b]++;
+            s->c.lat_sum += lat;
+        }
+        memset(sl->acc, 0, ch->n * sizeof(float));
+        memset(sl->ranks, 0, s->words * sizeof(uint64_t));
+        sl->count = 0;
+        sl->epoch = -1;
+        sl->t_first = 0;
+        ch->base++;
+        s->c.steps_finished++;
+        /* Wake the pulls that waited for this step. */
+        for (parked_t *q = ch->parked, *next; q != NULL; q = next) {
+            next = q->cnext;
+            if (q->step == step) {
+                gift_peer_t *p = q->peer;
+                uint64_t seq = q->seq;
+                parked_unlink(s, q);
+                send_reply(s, p, ch, r, seq);
+            }
+        }
+    }
+}
+
+static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, const gift_frame_t *f)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__PushAck ack = GIFT__PUSH_ACK__INIT;
+    chunk_t *ch = find_chunk(s, m->key, m->chunk);
+    tensor_t *t;
+    slot_t *sl;
+    int rc, dup = 0;
+
+    if (ch == NULL) {
+        send_error(s, p, GIFT_ENOKEY, 0, m->key, m->chunk, m->step, m->seq,
+                   "push for tensor %u chunk %u, which this shard does not hold", m->key,
+                   m->chunk);
+        return 0;
+    }
+    t = ch->t;
+    if (!codec_equal(m->codec, t->push_fmt, t->push_block)) {
+        send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq,
+                   "push codec differs from tensor %u's declared push codec %s", m->key,
+                   gift_format_name(t->push.fmt));
+        return 0;
+    }
+    if (f->payload_len != ch->push_l.total) {
+        send_error(s, p, GIFT_ESHAPE, 0, m->key, m->chunk, m->step, m->seq,
+                   "push payload is %" PRIu64 " bytes; chunk %u of tensor %u needs %zu",
+                   f->payload_len, m->chunk, m->key, ch->push_l.total);
+        return 0;
+    }
+    if (!ch->started) {
+        ch->started = 1;
+        ch->base = m->step;
+    }
+    if (m->step < ch->base) {
+        dup = 1;
+    } else if (m->step > ch->base + 1) {
+        send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
+                   "push for step %" PRIu64 " while step %" PRIu64
+                   " is unfinished (window is %" PRIu64 "..%" PRIu64 ")",
+                   m->step, ch->base, ch->base, ch->base + 1);
+        return 0;
+    } else {
+        sl = &ch->slot[m->step & 1];
+        if (bit_get(sl->ranks, p->rank)) {
+            dup = 1;
+        } else {
+            uint32_t want;
+            if (!t->geometry)
+                want = 0;
+            else if (t->owner)
+                want = epoch_for_step(t, m->step);
+            else
+                want = sl->epoch >= 0 ? (uint32_t)sl->epoch : m->epoch;
+            if (m->epoch != want) {
+                send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
+                           "push encoded under epoch %u; step %" PRIu64 " of tensor %u uses "
+                           "epoch %u",
+                           m->epoch, m->step, m->key, want);
+                return 0;
+            }
+            if ((rc = gift_decode_acc(&t->push, f->payload, f->payload_len, ch->n, sl->acc)) <
+                0) {
+                send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
+                           "push payload rejected: %s", gift_strerror(rc));
+                return 0;
+            }
+            bit_set(sl->ranks, p->rank);
+            if (sl->count++ == 0)
+                sl->t_first = now_ns(s);
+            sl->epoch = m->epoch;
+            s->c.pushes++;
+            s->c.push_bytes_in[t->push.fmt] += f->payload_len;
+            t->bytes_in += f->payload_len;
+        }
+    }
+    if (dup)
+        s->c.duplicates++;
+    ack.key = m->key;
+    ack.chunk = m->chunk;
+    ack.step = m->step;
+    ack.duplicate = dup;
+    ack.seq = m->seq;
+    env.msg_case = GIFT__ENVELOPE__MSG_PUSH_ACK;
+    env.push_ack = &ack;
+    (void)send_frame(s, p, &env, NULL, 0, 0);
+    if (!dup)
+        finish_steps(s, ch);
+    return 0;
+}
+
+static int handle_pull(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
+{
+    chunk_t *ch = find_chunk(s, m->key, m->chunk);
+    int rc;
+
+    if (ch == NULL) {
+        send_error(s, p, GIFT_ENOKEY, 0, m->key, m->chunk, m->step, m->seq,
+                   "pull for tensor %u chunk %u, which this shard does not hold", m->key,
+                   m->chunk);
+        return 0;
+    }
+    s->c.pulls++;
+    if (!ch->started) {
+        send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
+                   "pull for step %" PRIu64 " of tensor %u chunk %u before any push", m->step,
+                   m->key, m->chunk);
+        return 0;
+    }
+    if (m->step < ch->base) {
+        const reply_t *r = &ch->reply[m->step & 1];
+        if (r->valid && r->step == m->step) {
+            send_reply(s, p, ch, r, m->seq);
+            return 0;
+        }
+        send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
+                   "pull for step %" PRIu64 ": only steps %" PRIu64 "..%" PRIu64 " are kept",
+                   m->step, ch->base >= 2 ? ch->base - 2 : 0, ch->base + 1);
+        return 0;
+    }
+    if (m->step > ch->base + 1) {
+        send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
+                   "pull for step %" PRIu64 " while step %" PRIu64 " is unfinished", m->step,
+                   ch->base);
+        return 0;
+    }
+    if ((rc = park(s, p, ch, m->step, m->seq, m->have_epoch)) < 0)
+        send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
+                   "too many pulls waiting on this shard (max_parked %u)", s->o.max_parked);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Geometry owner                                                        */
+/* ------------------------------------------------------------------ */
+
+static tensor_t *find_owned(gift_shard_t *s, gift_peer_t *p, uint32_t key, uint64_t step,
+                            uint64_t seq)
+{
+    tensor_t *t;
+    if (!s->declared || key >= s->ntensors) {
+        send_error(s, p, GIFT_ENOKEY, 0, key, 0, step, seq, "unknown tensor %u", key);
+        return NULL;
+    }
+    t = &s->tensors[key];
+    if (!t->geometry || !t->owner) {
+        send_error(s, p, GIFT_ENOKEY, 0, key, 0, step, seq,
+                   "tensor %u: %s", key,
+                   t->geometry ? "this shard is not its geometry owner (chunk 0 lives elsewhere)"
+                               : "geometry is off for this tensor");
+        return NULL;
+    }
+    return t;
+}
+
+static void send_geometry(gift_shard_t *s, gift_peer_t *p, tensor_t *t, uint64_t seq)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Geometry g = GIFT__GEOMETRY__INIT;
+    g.key = t->key;
+    g.epoch = t->geo.epoch;
+    g.valid_from_step = t->nepochs ? t->epochs[t->nepochs - 1].valid_from : 0;
+    g.din = t->cols;
+    g.rank = t->k;
+    g.basis_cols = t->ks;
+    g.trace = t->geo.trace;
+    g.sigma2 = t->geo.sigma2;
+    g.delta = t->geo.delta;
+    g.identity = t->geo.identity != 0;
+    g.seq = seq;
+    env.msg_case = GIFT__ENVELOPE__MSG_GEOMETRY;
+    env.geometry = &g;
+    (void)send_frame(s, p, &env, t->geo_buf, 0, t->geo_buf->len);
+}
+
+static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
+                         const gift_frame_t *f)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__SketchAck ack = GIFT__SKETCH_ACK__INIT;
+    tensor_t *t = find_owned(s, p, m->key, m->step, m->seq);
+    size_t ny;
+    int dup = 0, rc;
+
+    if (t == NULL)
+        return 0;
+    ny = (size_t)t->cols * t->ks;
+    if (m->din != t->cols || m->basis_cols != t->ks || f->payload_len != ny * 4) {
+        send_error(s, p, GIFT_ESHAPE, 0, m->key, 0, m->step, m->seq,
+                   "sketch of %u x %u (%" PRIu64 " bytes); tensor %u needs %u x %u", m->din,
+                   m->basis_cols, f->payload_len, m->key, t->cols, t->ks);
+        return 0;
+    }
+    if (m->epoch != t->geo.epoch) {
+        send_error(s, p, GIFT_EEPOCH, 0, m->key, 0, m->step, m->seq,
+                   "sketch against the basis of epoch %u; the newest is %u", m->epoch,
+                   t->geo.epoch);
+        return 0;
+    }
+    if (!(m->trace >= 0.0) || !isfinite(m->trace)) {
+        send_error(s, p, GIFT_EBADCODE, 0, m->key, 0, m->step, m->seq,
+                   "sketch trace %g is not a finite non-negative number", m->trace);
+        return 0;
+    }
+    for (size_t i = 0; i < ny; i++) {
+        float y;
+        memcpy(&y, f->payload + 4 * i, 4);
+        if (!isfinite(y)) {
+            send_error(s, p, GIFT_EBADCODE, 0, m->key, 0, m->step, m->seq,
+                       "sketch holds NaN or Inf at element %zu", i);
+            return 0;
+        }
+    }
+    if (t->sk_active && m->step != t->sk_step) {
+        if (m->step < t->sk_step) {
+            dup = 1;
+        } else {
+            GIFT_LOG_WARN(p->id,
+                     "tensor %u: sketches of step %" PRIu64 " incomplete (%u of %u); starting "
+                     "step %" PRIu64,
+                     t->key, t->sk_step, t->sk_count, s->world, m->step);
+            t->sk_active = 0;
+        }
+    }
+    if (!dup && !t->sk_active) {
+        memset(t->ysum, 0, ny * sizeof(float));
+        memset(t->sk_ranks, 0, s->words * sizeof(uint64_t));
+        t->trace_sum = 0.0;
+        t->sk_count = 0;
+        t->sk_step = m->step;
+        t->sk_active = 1;
+    }
+    if (!dup && bit_get(t->sk_ranks, p->rank))
+        dup = 1;
+    if (!dup) {
+        for (size_t i = 0; i < ny; i++) {
+            float y;
+            memcpy(&y, f->payload + 4 * i, 4);
+            t->ysum[i] += y;
+        }
+        t->trace_sum += m->trace;
+        bit_set(t->sk_ranks, p->rank);
+        t->sk_count++;
+        s->c.sketches++;
+    }
+    ack.key = m->key;
+    ack.step = m->step;
+    ack.duplicate = dup;
+    ack.seq = m->seq;
+    env.msg_case = GIFT__ENVELOPE__MSG_SKETCH_ACK;
+    env.sketch_ack = &ack;
+    (void)send_frame(s, p, &env, NULL, 0, 0);
+    if (!dup && t->sk_count == s->world) {
+        t->sk_active = 0;
+        if ((rc = gift_geometry_update(&t->geo, t->ysum, t->trace_sum, s->o.damping)) < 0) {
+            GIFT_LOG_ERROR(0, "tensor %u: geometry update at step %" PRIu64
+                     " failed (%s); keeping epoch %u",
+                     t->key, m->step, gift_strerror(rc), t->geo.epoch);
+            count_error(s, rc);
+        } else if ((rc = publish_geometry(s, t, m->step + 1)) < 0) {
+            count_error(s, rc);
+        } else {
+            s->c.epochs_published++;
+            GIFT_LOG_INFO(0,
+                     "tensor %u: epoch %u published, valid from step %" PRIu64
+                     " (sigma2 %.3g, delta %.3g)",
+                     t->key, t->geo.epoch, m->step + 1, t->geo.sigma2, t->geo.delta);
+        }
+    }
+    return 0;
+}
+
+static int handle_geometry_request(gift_shard_t *s, gift_peer_t *p, const Gift__GeometryRequest *m)
+{
+    tensor_t *t = find_owned(s, p, m->key, 0, m->seq);
+    if (t != NULL)
+        send_geometry(s, p, t, m->seq);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Stats                                                                 */
+/* ------------------------------------------------------------------ */
+
+int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_status_t *out,
+                             uint64_t *missing, size_t words)
+{
+    const tensor_t *t;
+    const chunk_t *oldest = NULL;
+    if (index >= s->ntensors || out == NULL)
+        return GIFT_ENOKEY;
+    t = &s->tensors[index];
+    memset(out, 0, sizeof *out);
+    out->key = t->key;
+    out->name = t->name;
+    out->owner = t->owner && t->geometry;
+    out->epoch = out->owner ? latest_epoch(t) : 0;
+    out->hit_rate = t->hit_rate;
+    out->bytes_in = t->bytes_in;
+    out->bytes_out = t->bytes_out;
+    out->push_codec = gift_format_name(t->push.fmt);
+    out->pull_codec = gift_format_name(t->pull.fmt);
+    for (uint32_t i = 0; i < t->nby_id; i++) {
+        const chunk_t *ch = t->by_id[i];
+        if (ch && ch->started && (oldest == NULL || ch->base < oldest->base))
+            oldest = ch;
+    }
+    if (missing)
+        memset(missing, 0, words * sizeof(uint64_t));
+    if (oldest != NULL) {
+        const slot_t *sl = &oldest->slot[oldest->base & 1];
+        out->has_step = 1;
+        out->step = oldest->base;
+        out->missing = s->world - sl->count;
+        for (uint32_t r = 0; missing && r < s->world && (r >> 6) < words; r++)
+            if (!bit_get(sl->ranks, r))
+                bit_set(missing, r);
+    }
+    return 0;
+}
+
+static int handle_stats(gift_shard_t *s, gift_peer_t *p, const Gift__StatsRequest *m)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Stats st = GIFT__STATS__INIT;
+    Gift__TensorStats *ts = NULL, **tsp = NULL;
+    uint32_t *ranks = NULL;
+    uint64_t *bm = NULL;
+    size_t nt = s->ntensors, nr = 0;
+
+    st.shard_id = s->o.shard_id;
+    st.frames_in = s->c.frames_in;
+    st.frames_out = s->c.frames_out;
+    st.bytes_in = s->c.bytes_in;
+    st.bytes_out = s->c.bytes_out;
+    st.pushes = s->c.pushes;
+    st.pulls = s->c.pulls;
+    st.steps_finished = s->c.steps_finished;
+    st.connections = s->c.peers;
+    st.seq = m->seq;
+    if (nt > 0) {
+        ts = calloc(nt, sizeof *ts);
+        tsp = calloc(nt, sizeof *tsp);
+        ranks = calloc(nt * (size_t)s->world, sizeof *ranks);
+        bm = calloc(s->words ? s->words : 1, sizeof *bm);
+        if (ts == NULL || tsp == NULL || ranks == NULL || bm == NULL) {
+            send_error(s, p, GIFT_ENOMEM, 0, 0, 0, 0, m->seq, "out of memory for stats");
+            goto out;
+        }
+        for (size_t i = 0; i < nt; i++) {
+            gift_tensor_status_t ss;
+            gift__tensor_stats__init(&ts[i]);
+            tsp[i] = &ts[i];
+            gift_shard_tensor_status(s, i, &ss, bm, s->words);
+            ts[i].key = ss.key;
+            ts[i].name = (char *)ss.name;
+            ts[i].step_finished = ss.has_step ? ss.step : 0;
+            ts[i].epoch = ss.epoch;
+            ts[i].bytes_in = ss.bytes_in;
+            ts[i].bytes_out = ss.bytes_out;
+            ts[i].missing_ranks = ranks + nr;
+            if (ss.has_step)
+                for (uint32_t r = 0; r < s->world; r++)
+                    if (bit_get(bm, r))
+                        ranks[nr + ts[i].n_missing_ranks++] = r;
+            nr += ts[i].n_missing_ranks;
+        }
+        st.n_tensors = nt;
+        st.tensors = tsp;
+    }
+    env.msg_case = GIFT__ENVELOPE__MSG_STATS;
+    env.stats = &st;
+    (void)send_frame(s, p, &env, NULL, 0, 0);
+out:
+    free(ts);
+    free(tsp);
+    free(ranks);
+    free(bm);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Dispatch                                                              */
+/* ------------------------------------------------------------------ */
+
+void gift_shard_reject(gift_shard_t *s, gift_peer_t *p, int code, const char *text)
+{
+    send_error(s, p, code, 1, 0, 0, 0, 0, "%s", text ? text : gift_strerror(code));
+}
+
+int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
+{
+    const Gift__Envelope *env = f->env;
+
+    if (p->closing)
+        return GIFT_ECLOSED;
+    s->c.frames_in++;
+    s->c.bytes_in += GIFT_PREAMBLE_BYTES + f->payload_len;
+    if (env->msg_case == GIFT__ENVELOPE__MSG_HELLO)
+        return handle_hello(s, p, env->hello);
+    if (!p->hello) {
+        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "%s before Hello", gift_msg_name(env));
+        return GIFT_EPROTO;
+    }
+    if (env->msg_case != GIFT__ENVELOPE__MSG_DECLARE &&
+        env->msg_case != GIFT__ENVELOPE__MSG_STATS_REQUEST && !s->declared) {
+        send_error(s, p, GIFT_ENOKEY, 0, 0, 0, 0, 0, "%s before any Declare on this shard",
+                   gift_msg_name(env));
+        return 0;
+    }
+    if (env->msg_case != GIFT__ENVELOPE__MSG_PUSH && env->msg_case != GIFT__ENVELOPE__MSG_SKETCH &&
+        f->payload_len != 0) {
+        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "%s carries a payload of %" PRIu64 " bytes",
+                   gift_msg_name(env), f->payload_len);
+        return GIFT_EPROTO;
+    }
+    switch (env->msg_case) {
+    case GIFT__ENVELOPE__MSG_DECLARE:
+        return handle_declare(s, p, env->declare);
+    case GIFT__ENVELOPE__MSG_PUSH:
+        return handle_push(s, p, env->push, f);
+    case GIFT__ENVELOPE__MSG_PULL:
+        return handle_pull(s, p, env->pull);
+    case GIFT__ENVELOPE__MSG_SKETCH:
+        return handle_sketch(s, p, env->sketch, f);
+    case GIFT__ENVELOPE__MSG_GEOMETRY_REQUEST:
+        return handle_geometry_request(s, p, env->geometry_request);
+    case GIFT__ENVELOPE__MSG_STATS_REQUEST:
+        return handle_stats(s, p, env->stats_request);
+    default:
+        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "a client may not send %s",
+                   gift_msg_name(env));
+        return GIFT_EPROTO;
+    }
+}
+
+const gift_shard_counters_t *gift_shard_counters(const gift_shard_t *s)
+{
+    return &s->c;
+}
+
+uint32_t gift_shard_world_size(const gift_shard_t *s)
+{
+    return s->world;
+}
+
+size_t gift_shard_tensor_count(const gift_shard_t *s)
+{
+    return s->ntensors;
+}
+
+int gift_shard_ready(const gift_shard_t *s)
+{
+    return s != NULL;
+}

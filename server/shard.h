@@ -1,0 +1,152 @@
+/*
+ * shard.h: one giftd shard's state and its message handling, without sockets.
+ *
+ * The shard holds the declared tensors and the chunks placed on it, sums
+ * pushes in FP32 as they arrive, answers pulls with one reference-counted
+ * encoded mean per (chunk, step), and owns the geometry of every tensor whose
+ * chunk 0 it holds. It never includes <uv.h>: frames come in through
+ * gift_shard_handle and go out through the gift_shard_io_t callbacks, so the
+ * whole aggregation logic runs in unit tests with fake peers.
+ *
+ * Steps (DESIGN.md section 4): every chunk has a base step b, the oldest
+ * unfinished one, and accumulators for b and b + 1. A push for a step below
+ * b is a replay and is acknowledged as a duplicate; one for b + 2 or later is
+ * refused with GIFT_ESTEP. A pull for b or b + 1 is parked until the step
+ * finishes; the replies of the last two finished steps are kept for late or
+ * repeated pulls. Nothing is buffered without bound: parked pulls draw from
+ * a pool of max_parked entries allocated at creation.
+ *
+ * Geometry: the owner of a tensor (the shard holding its chunk 0) sums the
+ * Sketch frames of a refresh step; when every rank's sketch has arrived it
+ * builds epoch e + 1, valid from the sketch step + 1, and advertises it in
+ * chunk 0's PullReply.latest_epoch. A worker must send its Sketch for step t
+ * before its chunk-0 Push for step t on the same connection, so the epoch is
+ * always built before step t finishes. Pushes must carry the epoch valid for
+ * their step (owner) or the same epoch as the other pushes of that step
+ * (other shards); otherwise GIFT_EEPOCH.
+ */
+#ifndef GIFT_SHARD_H
+#define GIFT_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gift_proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A reference-counted byte buffer: reply payloads shared by every pull of a
+ * step and by the writes that carry them. */
+typedef struct gift_rbuf {
+    uint32_t refs;
+    size_t len; /* bytes in use */
+    size_t cap;
+    uint8_t *data;
+} gift_rbuf_t;
+
+/* Allocates a buffer of cap bytes with one reference. NULL when out of memory. */
+gift_rbuf_t *gift_rbuf_new(size_t cap);
+void gift_rbuf_ref(gift_rbuf_t *b);
+/* Drops a reference; frees the buffer with the last one. NULL is allowed. */
+void gift_rbuf_unref(gift_rbuf_t *b);
+
+/* What the shard needs from the I/O layer. */
+typedef struct gift_shard_io {
+    /* Queues one frame for the peer whose io context is ctx: head_len bytes of
+     * preamble + header (copied by the callee before it returns), then len
+     * payload bytes of buf starting at off. When buf is not NULL the callee
+     * takes a reference and drops it once the bytes are written or the peer
+     * is gone. Returns 0 or a negative code (the frame was not queued). */
+    int (*send)(void *ctx, const uint8_t *head, size_t head_len, gift_rbuf_t *buf, size_t off,
+                size_t len);
+    /* Closes the peer once its queued frames are written; the glue later
+     * calls gift_shard_peer_close. */
+    void (*close)(void *ctx);
+    /* Monotonic clock in nanoseconds. */
+    uint64_t (*now_ns)(void);
+} gift_shard_io_t;
+
+typedef struct gift_shard_opts {
+    uint32_t shard_id;
+    uint32_t num_shards;
+    uint32_t world_size;       /* 0: taken from the first Hello */
+    uint64_t max_frame_bytes;  /* largest payload a declaration may imply */
+    uint32_t max_parked;       /* parked pulls, whole shard */
+    double damping;            /* geometry damping (GIFT_DAMPING_DEFAULT) */
+    uint32_t hits_every;       /* measure pull-codec boundary hits every N steps (0: never) */
+} gift_shard_opts_t;
+
+typedef struct gift_shard gift_shard_t;
+typedef struct gift_peer gift_peer_t;
+
+/* Counters for /metrics and Stats. Codec-indexed arrays use gift_format_t. */
+#define GIFT_LAT_BUCKETS 12
+typedef struct gift_shard_counters {
+    uint64_t frames_in, frames_out, bytes_in, bytes_out;
+    uint64_t push_bytes_in[5], pull_bytes_out[5];
+    uint64_t pushes, duplicates, pulls, sketches, steps_finished, epochs_published;
+    uint64_t errors[32]; /* by -code, 0..31 */
+    uint32_t peers;
+    /* Step latency (first push to finish) histogram, upper bounds in seconds:
+     * 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 +Inf. */
+    uint64_t lat_bucket[GIFT_LAT_BUCKETS];
+    double lat_sum;
+} gift_shard_counters_t;
+
+extern const double gift_lat_bounds[GIFT_LAT_BUCKETS];
+
+/* Creates a shard. io is copied. Returns NULL when out of memory or when the
+ * options are invalid. */
+gift_shard_t *gift_shard_new(const gift_shard_opts_t *o, const gift_shard_io_t *io);
+/* Frees everything, dropping references to buffers still in flight. */
+void gift_shard_free(gift_shard_t *s);
+
+/* A connection arrived; ctx is what io callbacks receive for it. Returns NULL
+ * when out of memory. */
+gift_peer_t *gift_shard_peer_open(gift_shard_t *s, void *ctx, uint64_t conn_id);
+/* The connection is gone: its parked pulls are dropped, the peer freed. */
+void gift_shard_peer_close(gift_shard_t *s, gift_peer_t *p);
+
+/* Handles one frame from p. Replies go out through io->send. Returns 0 when
+ * the connection may go on (request errors were answered with an Error
+ * frame), or a negative code when the peer broke the protocol: an Error
+ * frame with fatal = true was queued and io->close was called. */
+int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f);
+
+/* Answers a broken stream (a reader error) with a fatal Error frame and
+ * closes the peer. */
+void gift_shard_reject(gift_shard_t *s, gift_peer_t *p, int code, const char *text);
+
+/* Read-only views for metrics and status. */
+const gift_shard_counters_t *gift_shard_counters(const gift_shard_t *s);
+uint32_t gift_shard_world_size(const gift_shard_t *s);
+size_t gift_shard_tensor_count(const gift_shard_t *s);
+
+/* Per-tensor status: the oldest unfinished step over the tensor's chunks on
+ * this shard, the ranks that have not pushed it (bitmap in missing, up to
+ * 64 * words ranks), its epoch and the pull-codec boundary-hit rate of the
+ * last measured step. Returns 0 or GIFT_ENOKEY. */
+typedef struct gift_tensor_status {
+    uint32_t key;
+    const char *name;
+    int has_step;        /* 0 when nothing was pushed yet */
+    uint64_t step;       /* oldest unfinished step */
+    uint32_t missing;    /* ranks still missing for that step */
+    uint32_t epoch;      /* newest published epoch (owner) */
+    int owner;
+    double hit_rate;     /* boundary hits / codes, last measured step */
+    uint64_t bytes_in, bytes_out;
+    const char *push_codec, *pull_codec;
+} gift_tensor_status_t;
+int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_status_t *out,
+                             uint64_t *missing_bitmap, size_t words);
+
+/* Returns 1 when ready to serve (always, once created); for /readyz. */
+int gift_shard_ready(const gift_shard_t *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
