@@ -138,6 +138,8 @@ struct tensor {
     uint32_t sk_count;
     int sk_active;
     uint64_t sk_step;
+    int sk_done;          /* a round completed: */
+    uint64_t sk_done_step; /* its step, for replays after a reconnect */
     gift_rbuf_t *geo_buf;
     epoch_rec_t epochs[MAX_EPOCH_RECS];
     uint32_t nepochs;
@@ -697,19 +699,14 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
                    h->world_size);
         return GIFT_EWORLD;
     }
-    if (s->world == 0) {
-        s->world = h->world_size;
-        GIFT_LOG_INFO(p->id, "world size %u (from the first Hello)", s->world);
-    }
-    s->words = (s->world + 63) / 64;
-    if (h->world_size != s->world) {
+    if (s->world != 0 && h->world_size != s->world) {
         send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u, the cluster has %u",
                    h->world_size, s->world);
         return GIFT_EWORLD;
     }
-    if (h->rank >= s->world) {
+    if (h->rank >= h->world_size) {
         send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "rank %u outside 0..%u", h->rank,
-                   s->world - 1);
+                   h->world_size - 1);
         return GIFT_EWORLD;
     }
     if (s->declared && h->cluster_digest.len > 0) {
@@ -719,6 +716,12 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
                        "cluster digest differs from the tensor list declared on this shard");
             return GIFT_EDIGEST;
         }
+    }
+    if (s->world == 0) {
+        /* Adopted only from a Hello that passed every check. */
+        s->world = h->world_size;
+        s->words = (s->world + 63) / 64;
+        GIFT_LOG_INFO(p->id, "world size %u (from the first Hello)", s->world);
     }
     p->hello = 1;
     p->rank = h->rank;
@@ -787,7 +790,7 @@ static void send_reply(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, const reply
     pr.codec = &codec;
     pr.contributors = s->world;
     pr.seq = seq;
-    pr.latest_epoch = (t->owner && t->geometry) ? latest_epoch(t) : 0;
+    pr.latest_epoch = (t->owner && t->geometry && ch->id == 0) ? latest_epoch(t) : 0;
     env.msg_case = GIFT__ENVELOPE__MSG_PULL_REPLY;
     env.pull_reply = &pr;
     if (send_frame(s, p, &env, r->buf, 0, ch->pull_l.total) == 0) {
@@ -870,6 +873,7 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
     chunk_t *ch = find_chunk(s, m->key, m->chunk);
     tensor_t *t;
     slot_t *sl;
+    uint64_t base;
     int rc, dup = 0;
 
     if (ch == NULL) {
@@ -891,17 +895,15 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                    f->payload_len, m->chunk, m->key, ch->push_l.total);
         return 0;
     }
-    if (!ch->started) {
-        ch->started = 1;
-        ch->base = m->step;
-    }
-    if (m->step < ch->base) {
+    /* A chunk's first accepted push fixes its base step; a refused one must not. */
+    base = ch->started ? ch->base : m->step;
+    if (m->step < base) {
         dup = 1;
-    } else if (m->step > ch->base + 1) {
+    } else if (m->step > base + 1) {
         send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
                    "push for step %" PRIu64 " while step %" PRIu64
                    " is unfinished (window is %" PRIu64 "..%" PRIu64 ")",
-                   m->step, ch->base, ch->base, ch->base + 1);
+                   m->step, base, base, base + 1);
         return 0;
     } else {
         sl = &ch->slot[m->step & 1];
@@ -909,12 +911,16 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
             dup = 1;
         } else {
             uint32_t want;
+            /* One step never mixes epochs: the first accepted push fixes it;
+             * the owner also knows which epoch the step must use. */
             if (!t->geometry)
                 want = 0;
+            else if (sl->epoch >= 0)
+                want = (uint32_t)sl->epoch;
             else if (t->owner)
                 want = epoch_for_step(t, m->step);
             else
-                want = sl->epoch >= 0 ? (uint32_t)sl->epoch : m->epoch;
+                want = m->epoch;
             if (m->epoch != want) {
                 send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
                            "push encoded under epoch %u; step %" PRIu64 " of tensor %u uses "
@@ -927,6 +933,10 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                 send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
                            "push payload rejected: %s", gift_strerror(rc));
                 return 0;
+            }
+            if (!ch->started) {
+                ch->started = 1;
+                ch->base = base;
             }
             bit_set(sl->ranks, p->rank);
             if (sl->count++ == 0)
@@ -1016,6 +1026,26 @@ static tensor_t *find_owned(gift_shard_t *s, gift_peer_t *p, uint32_t key, uint6
     return t;
 }
 
+/* The first step >= from that no chunk of t on this shard has accepted a
+ * push for: a new epoch must not start inside a step that already holds
+ * pushes encoded under the old one (a worker may push ahead, pipelined). */
+static uint64_t first_clean_step(const tensor_t *t, uint64_t from)
+{
+    uint64_t v = from;
+    for (uint32_t i = 0; i < t->nby_id; i++) {
+        const chunk_t *ch = t->by_id[i];
+        uint64_t s;
+        if (ch == NULL || !ch->started)
+            continue;
+        s = from > ch->base ? from : ch->base;
+        while (s <= ch->base + 1 && ch->slot[s & 1].count > 0)
+            s++;
+        if (s > v)
+            v = s;
+    }
+    return v;
+}
+
 static void send_geometry(gift_shard_t *s, gift_peer_t *p, tensor_t *t, uint64_t seq)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
@@ -1053,6 +1083,11 @@ static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
                    "sketch of %u x %u (%" PRIu64 " bytes); tensor %u needs %u x %u", m->din,
                    m->basis_cols, f->payload_len, m->key, t->cols, t->ks);
         return 0;
+    }
+    if (t->sk_done && m->step == t->sk_done_step && m->epoch + 1 == t->geo.epoch) {
+        /* A replay of the round that built the newest epoch. */
+        dup = 1;
+        goto ack;
     }
     if (m->epoch != t->geo.epoch) {
         send_error(s, p, GIFT_EEPOCH, 0, m->key, 0, m->step, m->seq,
@@ -1106,6 +1141,7 @@ static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
         t->sk_count++;
         s->c.sketches++;
     }
+ack:
     ack.key = m->key;
     ack.step = m->step;
     ack.duplicate = dup;
@@ -1120,14 +1156,17 @@ static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
                      " failed (%s); keeping epoch %u",
                      t->key, m->step, gift_strerror(rc), t->geo.epoch);
             count_error(s, rc);
-        } else if ((rc = publish_geometry(s, t, m->step + 1)) < 0) {
+        } else if ((rc = publish_geometry(s, t, first_clean_step(t, m->step + 1))) < 0) {
             count_error(s, rc);
         } else {
+            t->sk_done = 1;
+            t->sk_done_step = m->step;
             s->c.epochs_published++;
             GIFT_LOG_INFO(0,
                      "tensor %u: epoch %u published, valid from step %" PRIu64
                      " (sigma2 %.3g, delta %.3g)",
-                     t->key, t->geo.epoch, m->step + 1, t->geo.sigma2, t->geo.delta);
+                     t->key, t->geo.epoch, t->epochs[t->nepochs - 1].valid_from, t->geo.sigma2,
+                     t->geo.delta);
         }
     }
     return 0;
@@ -1258,7 +1297,13 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
     if (p->closing)
         return GIFT_ECLOSED;
     s->c.frames_in++;
-    s->c.bytes_in += GIFT_PREAMBLE_BYTES + f->payload_len;
+    s->c.bytes_in += GIFT_PREAMBLE_BYTES + gift__envelope__get_packed_size(env) + f->payload_len;
+    if (env->msg_case != GIFT__ENVELOPE__MSG_PUSH && env->msg_case != GIFT__ENVELOPE__MSG_SKETCH &&
+        f->payload_len != 0) {
+        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "%s carries a payload of %" PRIu64 " bytes",
+                   gift_msg_name(env), f->payload_len);
+        return GIFT_EPROTO;
+    }
     if (env->msg_case == GIFT__ENVELOPE__MSG_HELLO)
         return handle_hello(s, p, env->hello);
     if (!p->hello) {
@@ -1270,12 +1315,6 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
         send_error(s, p, GIFT_ENOKEY, 0, 0, 0, 0, 0, "%s before any Declare on this shard",
                    gift_msg_name(env));
         return 0;
-    }
-    if (env->msg_case != GIFT__ENVELOPE__MSG_PUSH && env->msg_case != GIFT__ENVELOPE__MSG_SKETCH &&
-        f->payload_len != 0) {
-        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "%s carries a payload of %" PRIu64 " bytes",
-                   gift_msg_name(env), f->payload_len);
-        return GIFT_EPROTO;
     }
     switch (env->msg_case) {
     case GIFT__ENVELOPE__MSG_DECLARE:
