@@ -148,10 +148,15 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
       pi ? pi->open_connections : c->peers);
     P("# HELP giftd_errors_total Error replies sent, by code.\n"
       "# TYPE giftd_errors_total counter\n");
-    for (int i = 1; i < 32; i++)
-        if (c->errors[i])
-            P("giftd_errors_total{code=\"%d\",name=\"%s\"} %llu\n", -i, gift_strerror(-i),
-              (unsigned long long)c->errors[i]);
+    for (int i = 1; i < 32; i++) {
+        char name[256];
+        if (!c->errors[i])
+            continue;
+        /* Some sentences quote things (bad frame magic (expected "GIF1")). */
+        label_escape(gift_strerror(-i), name, sizeof name);
+        P("giftd_errors_total{code=\"%d\",name=\"%s\"} %llu\n", -i, name,
+          (unsigned long long)c->errors[i]);
+    }
     P("# HELP giftd_boundary_hit_ratio Pull-codec codes that saturated or flushed to zero, last "
       "measured step, per tensor.\n"
       "# TYPE giftd_boundary_hit_ratio gauge\n");
