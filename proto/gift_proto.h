@@ -55,17 +55,20 @@ void gift_reader_free(gift_reader_t *r);
 /* Zero-copy input: returns in *ptr a region of at least min(want, room)
  * bytes, in *avail its size, to read socket bytes into; then call
  * gift_reader_commit with the count actually written. Returns 0, GIFT_ENOMEM,
- * or the reader's sticky error. */
+ * or the reader's sticky error. A preamble already buffered is checked here,
+ * so GIFT_EBADMAGIC, GIFT_EHDRSIZE or GIFT_EFRAMESIZE (sticky) can first
+ * show up from reserve or feed. */
 int gift_reader_reserve(gift_reader_t *r, size_t want, uint8_t **ptr, size_t *avail);
 void gift_reader_commit(gift_reader_t *r, size_t n);
 
-/* Copying input: appends len bytes. Returns 0, GIFT_ENOMEM or the sticky error. */
+/* Copying input: appends all len bytes. Returns 0, GIFT_ENOMEM or the sticky error. */
 int gift_reader_feed(gift_reader_t *r, const void *buf, size_t len);
 
 /* Takes the next complete frame. Returns 1 and fills *f when a frame is
  * ready; 0 when more bytes are needed; a negative code when the stream is
  * broken: GIFT_EBADMAGIC, GIFT_EHDRSIZE, GIFT_EFRAMESIZE, GIFT_EBADHEADER.
- * Errors are sticky: after one, every call returns it again. */
+ * Errors are sticky: after one, every call returns it again. GIFT_ENOMEM
+ * (header unpacking ran out of memory) is not: the frame stays buffered. */
 int gift_reader_next(gift_reader_t *r, gift_frame_t *f);
 
 /* To be called when the peer has closed its side: GIFT_ETRUNCATED when part
@@ -80,7 +83,8 @@ size_t gift_frame_head_size(const Gift__Envelope *env);
 
 /* Packs the preamble (with payload_len) and env into buf (cap bytes).
  * Returns the number of bytes written (gift_frame_head_size(env)) or
- * GIFT_ENOSPC. The payload is sent after it by the caller. */
+ * GIFT_ENOSPC (nothing written), or GIFT_EINVAL when env has no message set.
+ * The payload is sent after it by the caller. */
 long gift_frame_pack_head(const Gift__Envelope *env, uint64_t payload_len, uint8_t *buf,
                           size_t cap);
 

@@ -313,7 +313,13 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 
     (void)buf;
     if (n == UV_ENOBUFS) {
-        gift_shard_reject(c->srv->shard, c->peer, GIFT_ENOMEM, "cannot buffer the incoming frame");
+        /* The reader refused to give room: a bad preamble (sticky error,
+         * which next() returns) or no memory. */
+        rc = gift_reader_next(c->reader, &f);
+        if (rc >= 0)
+            rc = GIFT_ENOMEM;
+        GIFT_LOG_WARN(c->id, "malformed stream: %s", gift_strerror(rc));
+        gift_shard_reject(c->srv->shard, c->peer, rc, gift_strerror(rc));
         return;
     }
     if (n < 0) {
