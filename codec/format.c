@@ -260,8 +260,9 @@ static int fp8_block_scale(const gift__minifmt_t *f, uint32_t maxbits, float *sc
     return 1;
 }
 
-static int scalar_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
-                             float *scales, uint8_t *codes)
+/* fp8 encode of all blocks, RNE (s == NULL) or stochastic (bits from s). */
+static int fp8_encode_any(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
+                          float *scales, uint8_t *codes, sr_stream_t *s)
 {
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         size_t len = n - b0 < block ? n - b0 : block;
@@ -275,10 +276,19 @@ static int scalar_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n,
             continue;
         }
         scales[bi] = scale;
-        for (size_t i = 0; i < len; i++)
-            codes[b0 + i] = (uint8_t)gift__cvt_rne(f, x[b0 + i] * inv);
+        for (size_t i = 0; i < len; i++) {
+            float y = x[b0 + i] * inv;
+            codes[b0 + i] = (uint8_t)(s ? gift__cvt_sr(f, y, sr_stream_bits(s, b0 + i))
+                                        : gift__cvt_rne(f, y));
+        }
     }
     return 0;
+}
+
+static int scalar_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
+                             float *scales, uint8_t *codes)
+{
+    return fp8_encode_any(f, x, n, block, scales, codes, NULL);
 }
 
 static int sr_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
@@ -286,23 +296,7 @@ static int sr_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n, siz
 {
     sr_stream_t s;
     sr_stream_init(&s, k);
-    for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
-        size_t len = n - b0 < block ? n - b0 : block;
-        uint32_t mb = scalar_amax_bits(x + b0, len);
-        float scale, inv;
-        if (mb >= 0x7F800000u)
-            return GIFT_ENONFINITE;
-        if (!fp8_block_scale(f, mb, &scale, &inv)) {
-            scales[bi] = 0.0f;
-            memset(codes + b0, 0, len);
-            continue;
-        }
-        scales[bi] = scale;
-        for (size_t i = 0; i < len; i++)
-            codes[b0 + i] =
-                (uint8_t)gift__cvt_sr(f, x[b0 + i] * inv, sr_stream_bits(&s, b0 + i));
-    }
-    return 0;
+    return fp8_encode_any(f, x, n, block, scales, codes, &s);
 }
 
 static void scalar_fp8_decode(const gift__minifmt_t *f, const float *scales, const uint8_t *codes,
