@@ -57,7 +57,8 @@ static const gift_config_option_t options[] = {
     /* Network. */
     {.name = "bind", .type = GIFT_CONFIG_STRING, .where = GIFT_CONFIG_IN_ALL,
      .flags = GIFT_CONFIG_NONEMPTY, FIELD(bind), .defval = "127.0.0.1", .metavar = "ADDR",
-     .help = "Address to listen on (IPv4, IPv6 or host name); 0.0.0.0 or :: for all."},
+     .help = "Address to listen on: an IPv4 or IPv6 address (host names are not\n"
+             "resolved); 0.0.0.0 or :: for all."},
     {.name = "port", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL, FIELD(port), .min = 0,
      .max = 65535, .defval = "7070", .metavar = "PORT",
      .help = "TCP port for workers. 0 picks a free port and prints it."},
@@ -82,7 +83,8 @@ static const gift_config_option_t options[] = {
     {.name = "data_dir", .type = GIFT_CONFIG_STRING, .where = GIFT_CONFIG_IN_ALL,
      .flags = GIFT_CONFIG_NONEMPTY, FIELD(data_dir), .defval = "./giftd-data", .metavar = "DIR",
      .help = "Directory for checkpoints and state (relative paths start at the\n"
-             "working directory)."},
+             "working directory). Not written to yet: checkpoints arrive with the\n"
+             "reliability work."},
 
     /* Limits. */
     {.name = "max_connections", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
@@ -101,8 +103,9 @@ static const gift_config_option_t options[] = {
              "reading from that connection until they drain."},
     {.name = "chunk_bytes", .type = GIFT_CONFIG_SIZE, .where = GIFT_CONFIG_IN_ALL,
      FIELD(chunk_bytes), .min = KIB, .max = GIB, .defval = "4M", .metavar = "SIZE",
-     .help = "The clients' chunk size in FP32 bytes, used to validate declarations\n"
-             "(informational: clients choose it). At most max_frame_bytes."},
+     .help = "The clients' chunk size in FP32 bytes (clients choose it). Not used by\n"
+             "this version: a declared chunk is limited by max_frame_bytes. At most\n"
+             "max_frame_bytes."},
     {.name = "max_parked", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
      FIELD(max_parked), .min = 1, .max = 16777216, .defval = "65536", .metavar = "N",
      .help = "Most pulls waiting for their step, per shard; further ones are refused."},
@@ -120,15 +123,18 @@ static const gift_config_option_t options[] = {
      .help = "Fail the pulls of a step that has waited this many seconds. 0 = never."},
     {.name = "aggregate", .type = GIFT_CONFIG_ENUM, .where = GIFT_CONFIG_IN_ALL,
      FIELD(aggregate), .names = aggregate_names, .defval = "eager",
-     .help = "How pushes are summed: eager adds each push as it arrives; ordered adds\n"
-             "them in rank order, so sums are bit-reproducible from run to run."},
+     .help = "How pushes are summed: eager adds each push as it arrives; ordered\n"
+             "(adds them in rank order, bit-reproducible) is not implemented yet:\n"
+             "giftd warns and uses eager."},
     {.name = "checkpoint_steps", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
      FIELD(checkpoint_steps), .min = 0, .max = INT_MAX, .defval = "0", .metavar = "N",
-     .help = "Write a checkpoint every N steps. 0 = off."},
+     .help = "Write a checkpoint every N steps. 0 = off. Not implemented yet:\n"
+             "accepted and ignored."},
     {.name = "auth_key_file", .type = GIFT_CONFIG_STRING, .where = GIFT_CONFIG_IN_ALL,
      FIELD(auth_key_file), .defval = "", .metavar = "FILE",
      .help = "File holding the shared secret for authentication at Hello.\n"
-             "Empty: no authentication. Reserved: not enforced yet."},
+             "Empty: no authentication. Not implemented yet: giftd refuses to start\n"
+             "when it is set, rather than run unauthenticated."},
 };
 /* clang-format on */
 

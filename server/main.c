@@ -87,6 +87,8 @@ int main(int argc, char **argv)
     o.shard.max_parked = (uint32_t)c.max_parked;
     o.shard.damping = GIFT_DAMPING_DEFAULT;
     o.shard.hits_every = 10;
+    o.shard.stall_warn_s = (uint32_t)c.stall_warn;
+    o.shard.stall_timeout_s = (uint32_t)c.stall_timeout;
     o.reload_cb = reload_log_level;
     o.reload_arg = &rctx;
     if ((rc = gift_server_new(&o, &srv, err, sizeof err)) < 0) {

@@ -122,12 +122,16 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
       "# HELP giftd_steps_finished_total Chunk steps finished (all ranks pushed).\n"
       "# TYPE giftd_steps_finished_total counter\n"
       "giftd_steps_finished_total %llu\n"
+      "# HELP giftd_stalls_total Chunk steps that waited longer than stall_warn for ranks.\n"
+      "# TYPE giftd_stalls_total counter\n"
+      "giftd_stalls_total %llu\n"
       "# HELP giftd_epochs_published_total Geometry epochs published.\n"
       "# TYPE giftd_epochs_published_total counter\n"
       "giftd_epochs_published_total %llu\n",
       (unsigned long long)c->pushes, (unsigned long long)c->duplicates,
       (unsigned long long)c->pulls, (unsigned long long)c->sketches,
-      (unsigned long long)c->steps_finished, (unsigned long long)c->epochs_published);
+      (unsigned long long)c->steps_finished, (unsigned long long)c->stalls,
+      (unsigned long long)c->epochs_published);
     P("# HELP giftd_step_latency_seconds Time from a chunk step's first push to its last.\n"
       "# TYPE giftd_step_latency_seconds histogram\n");
     for (int b = 0; b < GIFT_LAT_BUCKETS; b++) {

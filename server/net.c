@@ -81,6 +81,7 @@ struct gift_server {
     uv_tcp_t http;
     int http_on;
     uv_signal_t sigterm, sigint, sighup;
+    uv_timer_t tick;
     gift_shard_t *shard;
     gift_limits_t limits;
     conn_t *conns;
@@ -523,9 +524,16 @@ static void drain(gift_server_t *s)
                 conn_close(c);
         }
     }
+    uv_close((uv_handle_t *)&s->tick, on_handle_closed_noop);
     uv_close((uv_handle_t *)&s->sigterm, on_handle_closed_noop);
     uv_close((uv_handle_t *)&s->sigint, on_handle_closed_noop);
     uv_close((uv_handle_t *)&s->sighup, on_handle_closed_noop);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    gift_server_t *s = t->data;
+    gift_shard_tick(s->shard);
 }
 
 static void exit_now(int signum)
@@ -624,6 +632,9 @@ int gift_server_new(const gift_server_opts_t *o, gift_server_t **out, char *err,
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sighup, on_signal, SIGHUP);
+    uv_timer_init(&s->loop, &s->tick);
+    s->tick.data = s;
+    uv_timer_start(&s->tick, on_tick, 1000, 1000);
     signal(SIGPIPE, SIG_IGN);
     *out = s;
     return 0;

@@ -86,6 +86,7 @@ typedef struct slot {
     uint32_t count;
     int64_t epoch; /* -1: no push yet */
     uint64_t t_first;
+    int warned; /* the stall warning for this step was logged */
 } slot_t;
 
 typedef struct reply {
@@ -312,6 +313,7 @@ gift_shard_t *gift_shard_new(const gift_shard_opts_t *o, const gift_shard_io_t *
         s->o.damping = GIFT_DAMPING_DEFAULT;
     s->io = *io;
     s->world = o->world_size;
+    s->words = (s->world + 63) / 64; /* 0 until a Hello sets the world size */
     if ((s->pool = calloc(s->o.max_parked, sizeof *s->pool)) == NULL) {
         free(s);
         return NULL;
@@ -851,6 +853,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         sl->count = 0;
         sl->epoch = -1;
         sl->t_first = 0;
+        sl->warned = 0;
         ch->base++;
         s->c.steps_finished++;
         /* Wake the pulls that waited for this step. */
@@ -1333,6 +1336,54 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
         send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "a client may not send %s",
                    gift_msg_name(env));
         return GIFT_EPROTO;
+    }
+}
+
+void gift_shard_tick(gift_shard_t *s)
+{
+    uint64_t now = now_ns(s);
+    for (size_t i = 0; s->declared && i < s->nchunks; i++) {
+        chunk_t *ch = &s->chunks[i];
+        slot_t *sl = &ch->slot[ch->base & 1];
+        double waited;
+        if (!ch->started || sl->count == 0 || sl->count >= s->world)
+            continue;
+        waited = (double)(now - sl->t_first) * 1e-9;
+        if (s->o.stall_warn_s && waited >= s->o.stall_warn_s && !sl->warned) {
+            char ranks[256];
+            size_t len = 0;
+            uint32_t shown = 0;
+            ranks[0] = '\0';
+            for (uint32_t r = 0; r < s->world && len + 16 < sizeof ranks; r++)
+                if (!bit_get(sl->ranks, r)) {
+                    len += (size_t)snprintf(ranks + len, sizeof ranks - len, "%s%u",
+                                            shown++ ? "," : "", r);
+                }
+            if (shown < s->world - sl->count)
+                snprintf(ranks + len, sizeof ranks - len, ",...");
+            GIFT_LOG_WARN(0,
+                          "stall: tensor %u (%s) chunk %u step %" PRIu64
+                          " has waited %.0f s; %u of %u ranks pushed, missing ranks %s",
+                          ch->t->key, ch->t->name, ch->id, ch->base, waited, sl->count, s->world,
+                          ranks);
+            sl->warned = 1;
+            s->c.stalls++;
+        }
+        if (s->o.stall_timeout_s && waited >= s->o.stall_timeout_s) {
+            for (parked_t *q = ch->parked, *next; q != NULL; q = next) {
+                next = q->cnext;
+                if (q->step == ch->base) {
+                    gift_peer_t *p = q->peer;
+                    uint64_t seq = q->seq;
+                    parked_unlink(s, q);
+                    send_error(s, p, GIFT_ETIMEDOUT, 0, ch->t->key, ch->id, ch->base, seq,
+                               "step %" PRIu64 " of tensor %u chunk %u waited %.0f s for %u "
+                               "missing ranks (stall_timeout %u s)",
+                               ch->base, ch->t->key, ch->id, waited, s->world - sl->count,
+                               s->o.stall_timeout_s);
+                }
+            }
+        }
     }
 }
 

@@ -76,6 +76,8 @@ typedef struct gift_shard_opts {
     uint32_t max_parked;       /* parked pulls, whole shard */
     double damping;            /* geometry damping (GIFT_DAMPING_DEFAULT) */
     uint32_t hits_every;       /* measure pull-codec boundary hits every N steps (0: never) */
+    uint32_t stall_warn_s;     /* log a step waiting this long for ranks (0: never) */
+    uint32_t stall_timeout_s;  /* fail its parked pulls after this long (0: never) */
 } gift_shard_opts_t;
 
 typedef struct gift_shard gift_shard_t;
@@ -87,6 +89,7 @@ typedef struct gift_shard_counters {
     uint64_t frames_in, frames_out, bytes_in, bytes_out;
     uint64_t push_bytes_in[5], pull_bytes_out[5];
     uint64_t pushes, duplicates, pulls, sketches, steps_finished, epochs_published;
+    uint64_t stalls; /* chunk steps that waited past stall_warn */
     uint64_t errors[32]; /* by -code, 0..31 */
     uint32_t peers;
     /* Step latency (first push to finish) histogram, upper bounds in seconds:
@@ -118,6 +121,12 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f);
 /* Answers a broken stream (a reader error) with a fatal Error frame and
  * closes the peer. */
 void gift_shard_reject(gift_shard_t *s, gift_peer_t *p, int code, const char *text);
+
+/* Called about once a second by the glue: a chunk step that some ranks have
+ * pushed and others not for stall_warn_s seconds is logged once, naming the
+ * missing ranks; past stall_timeout_s its parked pulls fail with
+ * GIFT_ETIMEDOUT (the step itself stays open for the late ranks). */
+void gift_shard_tick(gift_shard_t *s);
 
 /* Read-only views for metrics and status. */
 const gift_shard_counters_t *gift_shard_counters(const gift_shard_t *s);

@@ -1753,6 +1753,45 @@ START_TEST(test_step_window)
 }
 END_TEST
 
+START_TEST(test_stall)
+{
+    gift_shard_opts_t o;
+    const Gift__Error *e;
+
+    memset(&o, 0, sizeof o);
+    o.num_shards = 1;
+    o.max_parked = 64;
+    o.stall_warn_s = 2;
+    o.stall_timeout_s = 5;
+    reopen(&o);
+    fx_std_declare();
+    QUIET_ALL();
+    G.now = T0;
+    for (int r = 0; r < W - 1; r++)
+        PUSH_GRAD(&P[r], 5, 1, 0, (uint32_t)r, 0);
+    PULL(&P[0], 5, 1, 0);
+    QUIET_ALL();
+    G.now = T0 + 1000000000ull;
+    gift_shard_tick(S);
+    ck_assert_msg(C()->stalls == 0, "stalls %" PRIu64 " after 1 s", C()->stalls);
+    G.now = T0 + 2500000000ull;
+    gift_shard_tick(S);
+    gift_shard_tick(S);
+    ck_assert_msg(C()->stalls == 1, "stalls %" PRIu64 " after 2.5 s (logged once)", C()->stalls);
+    QUIET_ALL();
+    G.now = T0 + 6000000000ull;
+    gift_shard_tick(S);
+    e = EXPECT_ERROR(&P[0], GIFT_ETIMEDOUT, 0);
+    ck_assert_msg(e->step == 0 && e->key == 5 && e->chunk == 1,
+                  "timeout for key %u chunk %u step %" PRIu64, e->key, e->chunk, e->step);
+    QUIET_ALL();
+    /* The late rank still completes the step. */
+    PUSH_GRAD(&P[W - 1], 5, 1, 0, W - 1, 0);
+    ck_assert_msg(C()->steps_finished == 1, "steps_finished %" PRIu64, C()->steps_finished);
+    QUIET_ALL();
+}
+END_TEST
+
 START_TEST(test_pipelining)
 {
     static const int order[W] = {0, 1, 2, 3};
@@ -2816,6 +2855,7 @@ static Suite *shard_suite(void)
     tcase_add_test(sync, test_duplicates);
     tcase_add_test(sync, test_step_window);
     tcase_add_test(sync, test_pipelining);
+    tcase_add_test(sync, test_stall);
     tcase_add_test(sync, test_parked_peer_close);
     tcase_add_test(sync, test_parked_unlink_order);
     tcase_add_test(sync, test_send_failure);
