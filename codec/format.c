@@ -239,7 +239,7 @@ static uint32_t scalar_amax_bits(const float *x, size_t n)
 {
     uint32_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        uint32_t a = gift__f2u(x[i]) & 0x7FFFFFFFu;
+        uint32_t a = gift__f2u(gift__ldf(x + i)) & 0x7FFFFFFFu;
         m = a > m ? a : m;
     }
     return m;
@@ -307,7 +307,7 @@ static void scalar_fp8_decode(const gift__minifmt_t *f, const float *scales, con
         lut[c] = ((c & 0x7F) > (int)f->maxcode) ? 0.0f : gift__mini_value(f, (uint32_t)c);
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         size_t len = n - b0 < block ? n - b0 : block;
-        float s = scales[bi];
+        float s = gift__ldf(scales + bi);
         if (acc)
             for (size_t i = 0; i < len; i++)
                 out[b0 + i] += lut[codes[b0 + i]] * s;
@@ -400,7 +400,7 @@ static int scalar_bf16_encode(const float *x, size_t n, uint16_t *codes)
 static void scalar_bf16_decode(const uint16_t *codes, size_t n, float *out, int acc)
 {
     for (size_t i = 0; i < n; i++) {
-        float v = gift__u2f((uint32_t)codes[i] << 16);
+        float v = gift__u2f((uint32_t)gift__ldu16(codes + i) << 16);
         if (acc)
             out[i] += v;
         else
@@ -423,7 +423,7 @@ static void scalar_f32_decode(const float *codes, size_t n, float *out, int acc)
         return;
     }
     for (size_t i = 0; i < n; i++)
-        out[i] += codes[i];
+        out[i] += gift__ldf(codes + i);
 }
 
 const gift__kernels_t gift__kernels_scalar = {
@@ -619,14 +619,14 @@ static int payload_check(const gift_codec_params_t *p, const gift_layout_t *l, c
         const uint16_t *c = (const uint16_t *)(in + l->code_off);
         unsigned bad = 0;
         for (size_t i = 0; i < l->n; i++)
-            bad |= (c[i] & 0x7F80u) == 0x7F80u;
+            bad |= (gift__ldu16(c + i) & 0x7F80u) == 0x7F80u;
         return bad ? GIFT_EBADCODE : 0;
     }
     case GIFT_FMT_E4M3:
     case GIFT_FMT_E5M2: {
         const float *s = (const float *)in;
         for (size_t i = 0; i < l->nblocks; i++)
-            if (!(s[i] >= 0.0f) || s[i] > FLT_MAX)
+            if (!(gift__ldf(s + i) >= 0.0f) || gift__ldf(s + i) > FLT_MAX)
                 return GIFT_EBADCODE;
         return k->byte_has_mask(in + l->code_off, l->n, p->fmt == GIFT_FMT_E4M3 ? 0x7F : 0x7C)
                    ? GIFT_EBADCODE

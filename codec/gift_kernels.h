@@ -74,6 +74,22 @@ static inline float gift__u2f(uint32_t u)
     return f;
 }
 
+/* Loads that tolerate any alignment: payloads arrive at arbitrary offsets of
+ * a connection's read buffer. They compile to plain loads. */
+static inline float gift__ldf(const void *p)
+{
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint16_t gift__ldu16(const void *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
 /* 2^e as a float for -126 <= e <= 127. */
 static inline float gift__pow2f(int e)
 {

@@ -64,7 +64,7 @@ static uint32_t AVX2 avx2_amax_bits(const float *x, size_t n)
         m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i)), abs));
     uint32_t mb = hmax8(_mm256_max_epu32(_mm256_max_epu32(m0, m1), _mm256_max_epu32(m2, m3)));
     for (; i < n; i++) {
-        uint32_t a = gift__f2u(x[i]) & 0x7FFFFFFFu;
+        uint32_t a = gift__f2u(gift__ldf(x + i)) & 0x7FFFFFFFu;
         mb = a > mb ? a : mb;
     }
     return mb;
@@ -124,7 +124,7 @@ static void AVX2 avx2_fp8_decode(const gift__minifmt_t *f, const float *scales,
 {
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         size_t len = n - b0 < block ? n - b0 : block;
-        const float sc = scales[bi];
+        const float sc = gift__ldf(scales + bi);
         const __m256 s = _mm256_set1_ps(sc);
         size_t i = 0;
         for (; i + 8 <= len; i += 8) {
@@ -287,7 +287,7 @@ static void AVX2 avx2_bf16_decode(const uint16_t *codes, size_t n, float *out, i
         _mm256_storeu_ps(out + i, v);
     }
     for (; i < n; i++) {
-        float v = gift__u2f((uint32_t)codes[i] << 16);
+        float v = gift__u2f((uint32_t)gift__ldu16(codes + i) << 16);
         if (acc)
             out[i] += v;
         else
@@ -324,7 +324,7 @@ static void AVX2 avx2_f32_decode(const float *codes, size_t n, float *out, int a
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_loadu_ps(codes + i)));
     for (; i < n; i++)
-        out[i] += codes[i];
+        out[i] += gift__ldf(codes + i);
 }
 
 static const gift__kernels_t kernels_avx2 = {

@@ -120,7 +120,7 @@ static void AVX512 avx512_fp8_decode(const gift__minifmt_t *f, const float *scal
 {
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         size_t len = n - b0 < block ? n - b0 : block;
-        __m512 s = _mm512_set1_ps(scales[bi]);
+        __m512 s = _mm512_set1_ps(gift__ldf(scales + bi));
         size_t i = 0;
         for (; i + 16 <= len; i += 16) {
             __m128i c = _mm_loadu_si128((const __m128i *)(codes + b0 + i));

@@ -2208,6 +2208,52 @@ START_TEST(test_strerror)
 }
 END_TEST
 
+/* Payloads arrive at any offset of a connection's read buffer: decoding from
+ * an odd address must give the same floats (and no misaligned access under
+ * UBSan) on every format. */
+START_TEST(test_unaligned_decode)
+{
+    static const gift_format_t fmts[] = {GIFT_FMT_F32, GIFT_FMT_BF16, GIFT_FMT_E4M3, GIFT_FMT_E5M2,
+                                         GIFT_FMT_NVFP4};
+    const size_t n = 1003;
+    float *x = malloc(n * sizeof *x), *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    uint8_t *buf = malloc(8192 + 64), *mis = malloc(8192 + 64);
+    ck_assert_msg(x && a && b && buf && mis, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)sin((double)i * 0.37) * (float)(1 + i % 17);
+    for (size_t k = 0; k < 3 * sizeof fmts / sizeof fmts[0]; k++) {
+        size_t f = k % (sizeof fmts / sizeof fmts[0]);
+        gift_codec_params_t p = {.fmt = fmts[f]};
+        gift_layout_t l;
+        if (gift_simd_force((gift_simd_t)(k / (sizeof fmts / sizeof fmts[0]))) != 0)
+            continue; /* this CPU lacks that path */
+        ck_assert_int_eq(gift_layout(&p, n, &l), 0);
+        ck_assert_msg(gift_encode(&p, x, n, buf, 8192) == 0, "encode %s", gift_format_name(fmts[f]));
+        ck_assert_msg(gift_decode(&p, buf, l.total, n, a) == 0, "decode %s", gift_format_name(fmts[f]));
+        for (size_t off = 1; off < 4; off++) {
+            memcpy(mis + off, buf, l.total);
+            ck_assert_msg(gift_decode(&p, mis + off, l.total, n, b) == 0, "decode %s at +%zu",
+                          gift_format_name(fmts[f]), off);
+            ck_assert_msg(memcmp(a, b, n * sizeof *a) == 0, "%s decoded at +%zu differs",
+                          gift_format_name(fmts[f]), off);
+            for (size_t i = 0; i < n; i++)
+                b[i] = 1.0f;
+            ck_assert_msg(gift_decode_acc(&p, mis + off, l.total, n, b) == 0, "decode_acc %s at +%zu",
+                          gift_format_name(fmts[f]), off);
+            for (size_t i = 0; i < n; i++)
+                ck_assert_msg(b[i] == 1.0f + a[i], "%s acc at +%zu element %zu: %a != 1 + %a",
+                              gift_format_name(fmts[f]), off, i, b[i], a[i]);
+        }
+    }
+    gift_simd_force(gift_simd_best());
+    free(x);
+    free(a);
+    free(b);
+    free(buf);
+    free(mis);
+}
+END_TEST
+
 static Suite *format_suite(void)
 {
     Suite *s = suite_create("codec_format");
@@ -2240,6 +2286,10 @@ static Suite *format_suite(void)
     tcase_add_loop_test(tc, test_block_special, 0, N_COMBOS);
     tcase_add_test(tc, test_enospc);
     tcase_add_test(tc, test_padding_ignored);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("unaligned");
+    tcase_add_test(tc, test_unaligned_decode);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("errors");
