@@ -223,12 +223,14 @@ static int respond(gift_str_t *out, int status, const char *reason, const char *
     return status;
 }
 
+static int gift_http_respond_get(const char *path, const gift_shard_t *s,
+                                 const gift_proc_info_t *pi, gift_str_t *out);
+
 int gift_http_respond(const char *req, size_t len, const gift_shard_t *s,
                       const gift_proc_info_t *pi, gift_str_t *out)
 {
     char method[16], path[256];
     const char *sp1, *sp2, *eol;
-    gift_str_t body = {0};
     int status;
 
     eol = memchr(req, '\r', len);
@@ -247,6 +249,24 @@ int gift_http_respond(const char *req, size_t len, const gift_shard_t *s,
         *strchr(path, '?') = '\0';
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return respond(out, 405, "Method Not Allowed", "text/plain", "GET only\n", 9);
+    if (strcmp(method, "HEAD") == 0) {
+        /* The same head as GET, without the body. */
+        status = gift_http_respond_get(path, s, pi, out);
+        char *end = out->p ? strstr(out->p, "\r\n\r\n") : NULL;
+        if (end != NULL)
+            out->len = (size_t)(end + 4 - out->p);
+        return status;
+    }
+    return gift_http_respond_get(path, s, pi, out);
+}
+
+/* The response to GET path. */
+static int gift_http_respond_get(const char *path, const gift_shard_t *s,
+                                 const gift_proc_info_t *pi, gift_str_t *out)
+{
+    gift_str_t body = {0};
+    int status;
+
     if (strcmp(path, "/livez") == 0)
         return respond(out, 200, "OK", "text/plain", "ok\n", 3);
     if (strcmp(path, "/readyz") == 0) {
