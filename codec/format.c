@@ -615,11 +615,21 @@ static int payload_check(const gift_codec_params_t *p, const gift_layout_t *l, c
                    ? GIFT_EBADCODE
                    : 0;
     case GIFT_FMT_BF16: {
-        /* Branch-free so the compiler vectorises it. */
-        const uint16_t *c = (const uint16_t *)(in + l->code_off);
-        unsigned bad = 0;
-        for (size_t i = 0; i < l->n; i++)
-            bad |= (gift__ldu16(c + i) & 0x7F80u) == 0x7F80u;
+        /* Four codes per 64-bit word: a lane whose exponent bits are all set
+         * (Inf/NaN) becomes a zero lane after masking and flipping; the
+         * classic has-zero-lane test finds it (no lane has bit 15 set). */
+        const uint8_t *c = in + l->code_off;
+        const uint64_t m = 0x7F807F807F807F80ull, lo = 0x0001000100010001ull;
+        uint64_t bad = 0;
+        size_t i = 0;
+        for (; i + 4 <= l->n; i += 4) {
+            uint64_t w, t;
+            memcpy(&w, c + 2 * i, 8);
+            t = (w & m) ^ m;
+            bad |= (t - lo) & ~t & 0x8000800080008000ull;
+        }
+        for (; i < l->n; i++)
+            bad |= (gift__ldu16(c + 2 * i) & 0x7F80u) == 0x7F80u;
         return bad ? GIFT_EBADCODE : 0;
     }
     case GIFT_FMT_E4M3:
