@@ -107,6 +107,14 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
           "giftd_payload_bytes_total{direction=\"out\",codec=\"%s\"} %llu\n",
           gift_format_name((gift_format_t)f), (unsigned long long)c->push_bytes_in[f],
           gift_format_name((gift_format_t)f), (unsigned long long)c->pull_bytes_out[f]);
+    P("# HELP giftd_payload_frames_total Pushes counted (in) and pull replies sent (out), by "
+      "codec.\n"
+      "# TYPE giftd_payload_frames_total counter\n");
+    for (int f = 0; f < 5; f++)
+        P("giftd_payload_frames_total{direction=\"in\",codec=\"%s\"} %llu\n"
+          "giftd_payload_frames_total{direction=\"out\",codec=\"%s\"} %llu\n",
+          gift_format_name((gift_format_t)f), (unsigned long long)c->push_frames_in[f],
+          gift_format_name((gift_format_t)f), (unsigned long long)c->pull_frames_out[f]);
     P("# HELP giftd_pushes_total Pushes counted into an accumulator.\n"
       "# TYPE giftd_pushes_total counter\n"
       "giftd_pushes_total %llu\n"

@@ -797,6 +797,7 @@ static void send_reply(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, const reply
     env.pull_reply = &pr;
     if (send_frame(s, p, &env, r->buf, 0, ch->pull_l.total) == 0) {
         s->c.pull_bytes_out[t->pull.fmt] += ch->pull_l.total;
+        s->c.pull_frames_out[t->pull.fmt]++;
         t->bytes_out += ch->pull_l.total;
     }
 }
@@ -947,6 +948,7 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
             sl->epoch = m->epoch;
             s->c.pushes++;
             s->c.push_bytes_in[t->push.fmt] += f->payload_len;
+            s->c.push_frames_in[t->push.fmt]++;
             t->bytes_in += f->payload_len;
         }
     }

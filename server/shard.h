@@ -87,7 +87,8 @@ typedef struct gift_peer gift_peer_t;
 #define GIFT_LAT_BUCKETS 12
 typedef struct gift_shard_counters {
     uint64_t frames_in, frames_out, bytes_in, bytes_out;
-    uint64_t push_bytes_in[5], pull_bytes_out[5];
+    uint64_t push_bytes_in[5], pull_bytes_out[5];   /* payload bytes, by codec */
+    uint64_t push_frames_in[5], pull_frames_out[5]; /* counted pushes / replies, by codec */
     uint64_t pushes, duplicates, pulls, sketches, steps_finished, epochs_published;
     uint64_t stalls; /* chunk steps that waited past stall_warn */
     uint64_t errors[32]; /* by -code, 0..31 */
