@@ -85,6 +85,17 @@ grep -q '^giftd_errors_total{code="-8",.*} 1$' "$work/traffic" ||
 grep -Eq '^giftd_frames_total\{direction="out"\} [1-9]' "$work/traffic" ||
     fail "traffic: giftd_frames_total{direction=\"out\"} did not count the Error frame"
 
+# SIGHUP re-reads the configuration and applies its log level (here the
+# environment's): the daemon logs the new level and keeps serving.
+kill -HUP "$pid"
+for _ in $(seq 1 100); do
+    grep -q 'log level is now' "$work/giftd.log" && break
+    sleep 0.05
+done
+grep -q 'log level is now info' "$work/giftd.log" || fail "SIGHUP: no 'log level is now info' line"
+curl --silent --fail --max-time 5 "http://127.0.0.1:$http_port/livez" >/dev/null ||
+    fail "/livez after SIGHUP"
+
 kill -TERM "$pid"
 rc=0
 wait "$pid" || rc=$?
