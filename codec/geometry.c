@@ -275,6 +275,43 @@ static int gift__fits_float(double x)
     return x >= FLT_MIN && x <= FLT_MAX;
 }
 
+/* Checks that sigma2, delta and the first k lambdas (ld in double, or else
+ * lf in float) give a transform whose scalars are normal floats (T and T^-1
+ * both non-singular). Returns 0 or GIFT_EINVAL. */
+static int gift__scalars_check(const double *ld, const float *lf, size_t k, double sigma2,
+                               double delta)
+{
+    double base = sigma2 + delta;
+    size_t j;
+
+    if (!gift__fits_float(1.0 / sqrt(base)) || !gift__fits_float(sqrt(base)))
+        return GIFT_EINVAL;
+    for (j = 0; j < k; j++) {
+        double e = (ld != NULL ? ld[j] : (double)lf[j]) + delta;
+
+        if (!gift__fits_float(1.0 / sqrt(e)) || !gift__fits_float(sqrt(e)))
+            return GIFT_EINVAL;
+    }
+    return 0;
+}
+
+/* Sets c, d, c_inv, d_inv from g->lambda (float), sigma2 and delta: the one
+ * formula shared by gift_geometry_update and gift_geometry_load. */
+static void gift__scalars_set(gift_geometry_t *g, double sigma2, double delta)
+{
+    double base = sigma2 + delta;
+    int j;
+
+    g->c = (float)(1.0 / sqrt(base));
+    g->c_inv = (float)sqrt(base);
+    for (j = 0; j < g->k; j++) {
+        double e = (double)g->lambda[j] + delta;
+
+        g->d[j] = (float)(1.0 / sqrt(e) - 1.0 / sqrt(base));
+        g->d_inv[j] = (float)(sqrt(e) - sqrt(base));
+    }
+}
+
 /*
  * gift_geometry_update: builds the next epoch from the summed sketch
  * Y = sum_r A_r Q (din x ks, row-major fp32, Q = g->U) and the summed trace.
@@ -296,7 +333,7 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
 {
     gift__geo_ws_t *ws;
     size_t din, ks, k, i, j, dks;
-    double normy = 0.0, nu, numax, sumk = 0.0, sigma2, delta, base;
+    double normy = 0.0, nu, numax, sumk = 0.0, sigma2, delta;
     lapack_int info = 1;
     int rc = GIFT_EINVAL;
 
@@ -392,38 +429,83 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
     }
     delta = damping * trace / (double)din;
 
-    /* Validate every scalar before g changes. */
+    /* T is built from lambda rounded to float, the values that travel on the
+     * wire, so that a worker loading the published epoch (gift_geometry_load)
+     * gets bit for bit the same transform. Validate before g changes. */
     rc = GIFT_EINVAL;
-    base = sigma2 + delta;
-    if (!gift__fits_float(1.0 / sqrt(base)) || !gift__fits_float(sqrt(base)))
-        goto out;
     for (j = 0; j < ks; j++) {
-        double e = ws->tau[j] + delta;
-
         if (ws->tau[j] > FLT_MAX)
             goto out;
-        if (j < k && (!gift__fits_float(1.0 / sqrt(e)) || !gift__fits_float(sqrt(e))))
-            goto out;
+        ws->tau[j] = (double)(float)ws->tau[j];
     }
+    if ((rc = gift__scalars_check(ws->tau, NULL, k, sigma2, delta)) < 0)
+        goto out;
 
     for (i = 0; i < din; i++)
         for (j = 0; j < ks; j++)
             g->U[i * ks + j] = (float)ws->Q[(ks - 1 - j) * din + i];
     for (j = 0; j < ks; j++)
         g->lambda[j] = (float)ws->tau[j];
-    g->c = (float)(1.0 / sqrt(base));
-    g->c_inv = (float)sqrt(base);
-    for (j = 0; j < k; j++) {
-        double e = ws->tau[j] + delta;
-
-        g->d[j] = (float)(1.0 / sqrt(e) - 1.0 / sqrt(base));
-        g->d_inv[j] = (float)(sqrt(e) - sqrt(base));
-    }
+    gift__scalars_set(g, sigma2, delta);
     g->trace = trace;
     g->sigma2 = sigma2;
     g->delta = delta;
     g->identity = 0;
     g->epoch++;
+    rc = 0;
+out:
+    return rc;
+}
+
+/*
+ * gift_geometry_load: sets g to a published epoch received from its owner
+ * (U din x ks row-major, lambda ks, and the scalars), computing c, d, c_inv,
+ * d_inv with the same formula as gift_geometry_update, so that loading what
+ * an update produced gives a bit-identical transform. g's buffers must exist
+ * for the epoch's din, k, ks (gift_geometry_init, or allocated by the caller
+ * with ws NULL: the transform never uses the workspace). U and lambda may be
+ * g's own buffers (a caller that received them unaligned copies them there).
+ * identity != 0 sets T = I and keeps U as the next sketch basis. On error g
+ * is unchanged.
+ * Returns 0 or GIFT_EINVAL (NULL arguments, NaN/Inf in U or lambda, negative
+ * lambda, sigma2 or delta, or scalars that make T singular).
+ */
+int gift_geometry_load(gift_geometry_t *g, const float *U, const float *lambda, double trace,
+                       double sigma2, double delta, uint32_t epoch, int identity)
+{
+    size_t dks, i;
+    int rc = GIFT_EINVAL;
+
+    if (g == NULL || g->U == NULL || g->lambda == NULL || g->d == NULL || g->d_inv == NULL ||
+        U == NULL || lambda == NULL || g->din < 1 || g->k < 1 || g->k > g->ks || g->ks > g->din)
+        goto out;
+    dks = (size_t)g->din * g->ks;
+    for (i = 0; i < dks; i++)
+        if (!isfinite(U[i]))
+            goto out;
+    if (!identity) {
+        if (!isfinite(sigma2) || !isfinite(delta) || sigma2 < 0.0 || delta < 0.0)
+            goto out;
+        for (i = 0; i < (size_t)g->ks; i++)
+            if (!isfinite(lambda[i]) || lambda[i] < 0.0f)
+                goto out;
+        if ((rc = gift__scalars_check(NULL, lambda, (size_t)g->k, sigma2, delta)) < 0)
+            goto out;
+    }
+    if (U != g->U)
+        memcpy(g->U, U, dks * sizeof(float));
+    if (identity) {
+        gift__set_identity(g);
+    } else {
+        if (lambda != g->lambda)
+            memcpy(g->lambda, lambda, (size_t)g->ks * sizeof(float));
+        gift__scalars_set(g, sigma2, delta);
+        g->sigma2 = sigma2;
+        g->delta = delta;
+        g->identity = 0;
+    }
+    g->trace = trace;
+    g->epoch = epoch;
     rc = 0;
 out:
     return rc;

@@ -225,6 +225,18 @@ int gift_geometry_copy(gift_geometry_t *dst, const gift_geometry_t *src);
  * GIFT_ELAPACK (Y is not the sketch of a PSD matrix). */
 int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, double damping);
 
+/* Sets g to a published epoch: U (din x ks, row-major) and lambda (ks) as
+ * received from the geometry owner, with its trace, sigma2, delta, epoch and
+ * identity flag. c, d, c_inv and d_inv are computed exactly as
+ * gift_geometry_update computes them, so every worker that loads the same
+ * epoch holds a bit-identical transform (and the same one as the owner). g's
+ * buffers must exist for din, k, ks (gift_geometry_init, or allocated by the
+ * caller with ws NULL); U and lambda may be g's own buffers. On error g is
+ * unchanged. Returns 0 or GIFT_EINVAL
+ * (NaN/Inf or negative values, or a singular T). No allocation. */
+int gift_geometry_load(gift_geometry_t *g, const float *U, const float *lambda, double trace,
+                       double sigma2, double delta, uint32_t epoch, int identity);
+
 /* Sketch of one worker's layer inputs X (n x din, row-major):
  * Y = X^T (X Q) / n (din x ks) and *trace = tr(X^T X) / n. work must hold
  * n * ks floats (allocated once by the caller). */

@@ -1,7 +1,8 @@
 /*
  * test_geometry.c: the geometry of codec/geometry.c. Rank policy, the random
  * starting basis, the Nystrom update against a known A, the sketch, the
- * transform against a dense double reference, and error feedback.
+ * transform against a dense double reference, error feedback, and loading a
+ * published epoch (what a worker does) bit for bit.
  */
 #include <cblas.h>
 #include <check.h>
@@ -797,6 +798,94 @@ START_TEST(test_copy)
 }
 END_TEST
 
+/* A worker loads what the owner published (U, lambda, trace, sigma2, delta,
+ * epoch) into a geometry of its own, with no update workspace: its transform
+ * must be bit for bit the owner's, both ways, for a partial and a full rank. */
+START_TEST(test_load)
+{
+    static const int ks_rank[2] = {24, FX_DIN};
+    float *G = rand_floats((size_t)FX_ROWS * FX_DIN, 21);
+    float *a = malloc((size_t)FX_ROWS * FX_DIN * 4), *b = malloc((size_t)FX_ROWS * FX_DIN * 4);
+    float *work = malloc((size_t)FX_ROWS * FX_DIN * sizeof(float));
+
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_ptr_nonnull(work);
+    for (int t = 0; t < 2; t++) {
+        gift_geometry_t g, h;
+        int k = ks_rank[t], inv;
+        size_t dks;
+
+        fx_geometry(&g, k, 2);
+        dks = (size_t)g.din * g.ks;
+        /* Buffers only, as libgiftclient allocates them: ws stays NULL. */
+        memset(&h, 0, sizeof h);
+        h.din = g.din;
+        h.k = g.k;
+        h.ks = g.ks;
+        h.U = malloc(dks * sizeof(float));
+        h.lambda = malloc((size_t)g.ks * sizeof(float));
+        h.d = malloc((size_t)g.k * sizeof(float));
+        h.d_inv = malloc((size_t)g.k * sizeof(float));
+        ck_assert_ptr_nonnull(h.U);
+        ck_assert_ptr_nonnull(h.d_inv);
+        ck_assert_int_eq(gift_geometry_load(&h, g.U, g.lambda, g.trace, g.sigma2, g.delta,
+                                            g.epoch, g.identity),
+                         0);
+        ck_assert_uint_eq(h.epoch, g.epoch);
+        ck_assert_int_eq(h.identity, 0);
+        ck_assert_msg(memcmp(&h.c, &g.c, sizeof g.c) == 0 &&
+                          memcmp(&h.c_inv, &g.c_inv, sizeof g.c_inv) == 0,
+                      "k=%d: c %.9g / %.9g, c_inv %.9g / %.9g", k, (double)h.c, (double)g.c,
+                      (double)h.c_inv, (double)g.c_inv);
+        for (int j = 0; j < g.k; j++)
+            ck_assert_msg(memcmp(&h.d[j], &g.d[j], 4) == 0 &&
+                              memcmp(&h.d_inv[j], &g.d_inv[j], 4) == 0,
+                          "k=%d: d[%d] %.9g vs %.9g, d_inv %.9g vs %.9g", k, j, (double)h.d[j],
+                          (double)g.d[j], (double)h.d_inv[j], (double)g.d_inv[j]);
+        for (inv = 0; inv < 2; inv++) {
+            ck_assert_int_eq(gift_transform(&g, inv, G, FX_ROWS, a, work), 0);
+            ck_assert_int_eq(gift_transform(&h, inv, G, FX_ROWS, b, work), 0);
+            ck_assert_msg(memcmp(a, b, (size_t)FX_ROWS * FX_DIN * 4) == 0,
+                          "k=%d inverse=%d: the loaded transform differs", k, inv);
+        }
+        /* In place (U and lambda already in h's buffers), as a receiver does. */
+        ck_assert_int_eq(gift_geometry_load(&h, h.U, h.lambda, g.trace, g.sigma2, g.delta,
+                                            g.epoch, 0),
+                         0);
+        ck_assert_int_eq(gift_transform(&h, 0, G, FX_ROWS, b, work), 0);
+        ck_assert_int_eq(gift_transform(&g, 0, G, FX_ROWS, a, work), 0);
+        ck_assert_msg(memcmp(a, b, (size_t)FX_ROWS * FX_DIN * 4) == 0, "k=%d: in-place load", k);
+        /* Refused input leaves h as it was. */
+        {
+            float bad = g.lambda[0];
+            g.lambda[0] = -1.0f;
+            ck_assert_int_eq(gift_geometry_load(&h, g.U, g.lambda, g.trace, g.sigma2, g.delta,
+                                                g.epoch + 1, 0),
+                             GIFT_EINVAL);
+            g.lambda[0] = bad;
+            ck_assert_int_eq(gift_geometry_load(&h, g.U, g.lambda, g.trace, -1.0, g.delta,
+                                                g.epoch + 1, 0),
+                             GIFT_EINVAL);
+            ck_assert_uint_eq(h.epoch, g.epoch);
+        }
+        /* An identity epoch keeps U as the basis and maps G to itself. */
+        ck_assert_int_eq(gift_geometry_load(&h, g.U, g.lambda, 0.0, 0.0, 0.0, 7, 1), 0);
+        ck_assert_int_eq(h.identity, 1);
+        ck_assert_uint_eq(h.epoch, 7);
+        ck_assert_int_eq(memcmp(h.U, g.U, dks * sizeof(float)), 0);
+        ck_assert_int_eq(gift_transform(&h, 0, G, FX_ROWS, b, work), 0);
+        ck_assert_int_eq(memcmp(b, G, (size_t)FX_ROWS * FX_DIN * 4), 0);
+        gift_geometry_free(&h);
+        gift_geometry_free(&g);
+    }
+    free(G);
+    free(a);
+    free(b);
+    free(work);
+}
+END_TEST
+
 static Suite *geometry_suite(void)
 {
     Suite *s = suite_create("geometry");
@@ -816,6 +905,7 @@ static Suite *geometry_suite(void)
     tcase_add_test(known, test_dense_reference);
     tcase_add_test(known, test_ef_rebase);
     tcase_add_test(known, test_copy);
+    tcase_add_test(known, test_load);
     suite_add_tcase(s, known);
 
     tcase_set_timeout(recovery, 120);

@@ -1,0 +1,939 @@
+/*
+ * client.c: the public API of libgiftclient (gift/client.h) on the caller's
+ * side. Parses options, builds the declared list (fusion of small tensors,
+ * wire tensors, placement, every per-tensor buffer, the packed Declare of
+ * each shard), and hands operations to the I/O thread through a
+ * mutex-protected queue and uv_async_send (net.c); completions come back
+ * through one condition variable.
+ */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+
+const char *gift_version(void)
+{
+#define GIFT__STR2(x) #x
+#define GIFT__STR(x) GIFT__STR2(x)
+    return GIFT__STR(GIFT_CLIENT_VERSION_MAJOR) "." GIFT__STR(
+        GIFT_CLIENT_VERSION_MINOR) "." GIFT__STR(GIFT_CLIENT_VERSION_PATCH);
+}
+
+/* ------------------------------------------------------------------ */
+/* Hand-over to the I/O thread                                           */
+/* ------------------------------------------------------------------ */
+
+static int on_io_thread(const gift_client_t *c)
+{
+    return c->thread_started && pthread_equal(pthread_self(), c->thread);
+}
+
+static void submit(gift_client_t *c, gift__cmd_t *cmd)
+{
+    pthread_mutex_lock(&c->mu);
+    cmd->next = NULL;
+    cmd->done = 0;
+    cmd->rc = 0;
+    if (c->subq_tail)
+        c->subq_tail->next = cmd;
+    else
+        c->subq_head = cmd;
+    c->subq_tail = cmd;
+    pthread_mutex_unlock(&c->mu);
+    gift__net_wake(c);
+}
+
+/* Submits a command and waits for the I/O thread to finish it. The engine
+ * enforces the command's deadline, so the wait ends. */
+static int run_cmd(gift_client_t *c, gift__cmd_t *cmd)
+{
+    int rc;
+    submit(c, cmd);
+    pthread_mutex_lock(&c->mu);
+    while (!cmd->done)
+        pthread_cond_wait(&c->cv, &c->mu);
+    rc = cmd->rc;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+gift__cmd_t *gift__take_commands(gift_client_t *c)
+{
+    gift__cmd_t *l;
+    pthread_mutex_lock(&c->mu);
+    l = c->subq_head;
+    c->subq_head = c->subq_tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+    return l;
+}
+
+void gift__cmd_done(gift_client_t *c, gift__cmd_t *cmd, int rc)
+{
+    pthread_mutex_lock(&c->mu);
+    cmd->rc = rc;
+    cmd->done = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void op_release_locked(gift_client_t *c, gift_op_t *op)
+{
+    op->pooled = 1;
+    op->next = c->free_ops;
+    c->free_ops = op;
+}
+
+void gift__op_complete(gift_client_t *c, gift_op_t *op)
+{
+    gift_op_cb cb = op->cb;
+    void *arg = op->arg;
+    int status = op->status;
+
+    pthread_mutex_lock(&c->mu);
+    op->done = 1;
+    op->in_cb = cb != NULL;
+    if (cb == NULL && op->free_req)
+        op_release_locked(c, op);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (cb == NULL)
+        return;
+    cb(op, status, arg);
+    pthread_mutex_lock(&c->mu);
+    op->in_cb = 0;
+    if (op->free_req)
+        op_release_locked(c, op);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Takes an operation from the pool (or allocates one, once). */
+static gift_op_t *op_alloc(gift_client_t *c)
+{
+    gift_op_t *op;
+    pthread_mutex_lock(&c->mu);
+    if ((op = c->free_ops) != NULL) {
+        c->free_ops = op->next;
+    } else if ((op = calloc(1, sizeof *op)) != NULL) {
+        if (c->nall_ops == c->all_ops_cap) {
+            size_t ncap = c->all_ops_cap ? 2 * c->all_ops_cap : 64;
+            gift_op_t **n = realloc(c->all_ops, ncap * sizeof *n);
+            if (n == NULL) {
+                free(op);
+                pthread_mutex_unlock(&c->mu);
+                return NULL;
+            }
+            c->all_ops = n;
+            c->all_ops_cap = ncap;
+        }
+        c->all_ops[c->nall_ops++] = op;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (op == NULL)
+        return NULL;
+    memset(op, 0, sizeof *op);
+    op->c = c;
+    return op;
+}
+
+/* ------------------------------------------------------------------ */
+/* Operations                                                            */
+/* ------------------------------------------------------------------ */
+
+static int start_op(gift_client_t *c, uint32_t id, uint64_t step, const float *grad, float *out,
+                    gift_op_cb cb, void *arg, gift_op_t **opp)
+{
+    gift_op_t *op;
+
+    if (opp != NULL)
+        *opp = NULL;
+    if (c == NULL || opp == NULL || !c->declared || id >= c->nmem || (grad == NULL && out == NULL))
+        return GIFT_EINVAL;
+    if ((op = op_alloc(c)) == NULL)
+        return GIFT_ENOMEM;
+    op->cb = cb;
+    op->arg = arg;
+    if (grad != NULL) {
+        gift__req_t *r = &op->req[op->nreq++];
+        r->kind = GIFT__REQ_PUSH;
+        r->id = id;
+        r->step = step;
+        r->in = grad;
+        r->op = op;
+    }
+    if (out != NULL) {
+        gift__req_t *r = &op->req[op->nreq++];
+        r->kind = GIFT__REQ_PULL;
+        r->id = id;
+        r->step = step;
+        r->out = out;
+        r->op = op;
+    }
+    op->parts_left = op->nreq;
+    op->deadline_ns = gift__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    op->cmd.kind = GIFT__CMD_OP;
+    op->cmd.op = op;
+    *opp = op;
+    submit(c, &op->cmd);
+    return 0;
+}
+
+int gift_push(gift_client_t *c, uint32_t id, uint64_t step, const float *grad, gift_op_cb cb,
+              void *arg, gift_op_t **op)
+{
+    if (grad == NULL) {
+        if (op)
+            *op = NULL;
+        return GIFT_EINVAL;
+    }
+    return start_op(c, id, step, grad, NULL, cb, arg, op);
+}
+
+int gift_pull(gift_client_t *c, uint32_t id, uint64_t step, float *out, gift_op_cb cb, void *arg,
+              gift_op_t **op)
+{
+    if (out == NULL) {
+        if (op)
+            *op = NULL;
+        return GIFT_EINVAL;
+    }
+    return start_op(c, id, step, NULL, out, cb, arg, op);
+}
+
+int gift_push_pull(gift_client_t *c, uint32_t id, uint64_t step, const float *grad, float *out,
+                   gift_op_cb cb, void *arg, gift_op_t **op)
+{
+    if (grad == NULL || out == NULL) {
+        if (op)
+            *op = NULL;
+        return GIFT_EINVAL;
+    }
+    return start_op(c, id, step, grad, out, cb, arg, op);
+}
+
+int gift_sketch_inputs(gift_client_t *c, uint32_t id, uint64_t step, const float *X, uint32_t n)
+{
+    gift__cmd_t cmd;
+    const gift__wire_t *w;
+
+    if (c == NULL || !c->declared || id >= c->nmem || X == NULL || n == 0)
+        return GIFT_EINVAL;
+    w = &c->wires[c->mem[id].wire];
+    if (!w->geometry || step % w->refresh != 0)
+        return GIFT_EINVAL;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.kind = GIFT__CMD_SKETCH;
+    cmd.deadline_ns = gift__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    cmd.req.kind = GIFT__REQ_SKETCH;
+    cmd.req.cmd = &cmd;
+    cmd.req.id = id;
+    cmd.req.step = step;
+    cmd.req.in = X;
+    cmd.req.n = n;
+    return run_cmd(c, &cmd);
+}
+
+int gift_op_wait(gift_op_t *op)
+{
+    gift_client_t *c;
+    int st;
+    if (op == NULL)
+        return GIFT_EINVAL;
+    c = op->c;
+    pthread_mutex_lock(&c->mu);
+    if (on_io_thread(c) && !op->done) {
+        /* Waiting for an op on the thread that completes it cannot end. */
+        pthread_mutex_unlock(&c->mu);
+        return GIFT_EINVAL;
+    }
+    while (!op->done || (op->in_cb && !on_io_thread(c)))
+        pthread_cond_wait(&c->cv, &c->mu);
+    st = op->status;
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+int gift_op_test(gift_op_t *op, int *status)
+{
+    int done;
+    if (op == NULL)
+        return 0;
+    pthread_mutex_lock(&op->c->mu);
+    done = op->done;
+    if (done && status)
+        *status = op->status;
+    pthread_mutex_unlock(&op->c->mu);
+    return done;
+}
+
+void gift_op_free(gift_op_t *op)
+{
+    gift_client_t *c;
+    if (op == NULL)
+        return;
+    c = op->c;
+    pthread_mutex_lock(&c->mu);
+    if (op->pooled) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    if (on_io_thread(c)) {
+        if (!op->done || op->in_cb)
+            op->free_req = 1; /* freed once its callback returns */
+        else
+            op_release_locked(c, op);
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    while (!op->done || op->in_cb)
+        pthread_cond_wait(&c->cv, &c->mu);
+    op_release_locked(c, op);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void gift_client_stats(gift_client_t *c, gift_client_stats_t *out)
+{
+    if (out == NULL)
+        return;
+    memset(out, 0, sizeof *out);
+    if (c == NULL)
+        return;
+    out->frames_out = __atomic_load_n(&c->st.frames_out, __ATOMIC_RELAXED);
+    out->frames_in = __atomic_load_n(&c->st.frames_in, __ATOMIC_RELAXED);
+    out->bytes_out = __atomic_load_n(&c->st.bytes_out, __ATOMIC_RELAXED);
+    out->bytes_in = __atomic_load_n(&c->st.bytes_in, __ATOMIC_RELAXED);
+    out->reconnects = __atomic_load_n(&c->st.reconnects, __ATOMIC_RELAXED);
+    out->replays = __atomic_load_n(&c->st.replays, __ATOMIC_RELAXED);
+    out->epochs_switched = __atomic_load_n(&c->st.epochs_switched, __ATOMIC_RELAXED);
+}
+
+/* ------------------------------------------------------------------ */
+/* Open and close                                                        */
+/* ------------------------------------------------------------------ */
+
+/* Parses a non-negative decimal integer up to max; -1 when it is not one. */
+static long parse_uint(const char *s, long max)
+{
+    char *end;
+    long v;
+    if (s == NULL || *s < '0' || *s > '9')
+        return -1;
+    v = strtol(s, &end, 10);
+    if (*end != '\0' || v < 0 || v > max)
+        return -1;
+    return v;
+}
+
+/* Resolves "host:port" (host an IPv4 or IPv6 literal, "[v6]", or a name,
+ * IPv4 preferred) into *ss. */
+static int parse_server(const char *s, size_t len, struct sockaddr_storage *ss)
+{
+    char host[256], port[16];
+    const char *colon;
+    struct addrinfo hints, *res = NULL;
+    size_t hl;
+    int rc;
+
+    if (len == 0 || len >= sizeof host)
+        return GIFT_EINVAL;
+    colon = NULL;
+    for (size_t i = 0; i < len; i++)
+        if (s[i] == ':')
+            colon = s + i;
+    if (colon == NULL || (size_t)(s + len - colon - 1) >= sizeof port || colon + 1 == s + len)
+        return GIFT_EINVAL;
+    hl = (size_t)(colon - s);
+    if (hl >= 2 && s[0] == '[' && s[hl - 1] == ']') {
+        memcpy(host, s + 1, hl - 2);
+        host[hl - 2] = '\0';
+    } else {
+        memcpy(host, s, hl);
+        host[hl] = '\0';
+    }
+    memcpy(port, colon + 1, (size_t)(s + len - colon - 1));
+    port[s + len - colon - 1] = '\0';
+    if (host[0] == '\0' || parse_uint(port, 65535) <= 0)
+        return GIFT_EINVAL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_family = AF_INET;
+    rc = getaddrinfo(host, port, &hints, &res);
+    if (rc != 0) {
+        hints.ai_family = AF_INET6;
+        rc = getaddrinfo(host, port, &hints, &res);
+    }
+    if (rc != 0 || res == NULL)
+        return GIFT_EINVAL;
+    memset(ss, 0, sizeof *ss);
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return 0;
+}
+
+static int parse_servers(gift_client_t *c, const char *list)
+{
+    size_t n = 1, i = 0;
+    const char *p;
+    if (list == NULL || *list == '\0')
+        return GIFT_EINVAL;
+    for (p = list; *p; p++)
+        n += *p == ',';
+    if (n > 65536 || (c->addrs = calloc(n, sizeof *c->addrs)) == NULL)
+        return n > 65536 ? GIFT_EINVAL : GIFT_ENOMEM;
+    for (p = list;; i++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        while (len > 0 && (*p == ' ' || *p == '\t'))
+            p++, len--;
+        while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+            len--;
+        if (parse_server(p, len, &c->addrs[i]) < 0)
+            return GIFT_EINVAL;
+        if (e == NULL)
+            break;
+        p = e + 1;
+    }
+    c->nshards = (uint32_t)n;
+    return 0;
+}
+
+static const char *env2(const char *a, const char *b)
+{
+    const char *v = getenv(a);
+    if (v == NULL || *v == '\0')
+        v = getenv(b);
+    return v != NULL && *v != '\0' ? v : NULL;
+}
+
+/* Frees what open and declare allocated; the I/O thread is gone. */
+static void client_free(gift_client_t *c)
+{
+    gift__eng_free_wires(c);
+    for (size_t i = 0; i < c->nmem; i++)
+        free(c->mem[i].name);
+    free(c->mem);
+    free(c->chunks);
+    if (c->decl_head)
+        for (uint32_t i = 0; i < c->nshards; i++)
+            free(c->decl_head[i]);
+    free(c->decl_head);
+    free(c->decl_len);
+    for (size_t i = 0; i < c->nall_ops; i++)
+        free(c->all_ops[i]);
+    free(c->all_ops);
+    free(c->conns);
+    free(c->addrs);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
+{
+    gift_client_opts_t o;
+    gift_client_t *c;
+    gift__cmd_t cmd;
+    const char *v;
+    long rank, world;
+    int rc;
+
+    if (out == NULL)
+        return GIFT_EINVAL;
+    *out = NULL;
+    memset(&o, 0, sizeof o);
+    o.rank = -1;
+    if (opts != NULL) {
+        size_t n = opts->size;
+        if (n < offsetof(gift_client_opts_t, servers))
+            return GIFT_EINVAL;
+        memcpy(&o, opts, n < sizeof o ? n : sizeof o);
+        if (n <= offsetof(gift_client_opts_t, rank))
+            o.rank = -1;
+    }
+    if ((c = calloc(1, sizeof *c)) == NULL)
+        return GIFT_ENOMEM;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    rc = GIFT_EINVAL;
+    if (parse_servers(c, o.servers ? o.servers : getenv("GIFT_SERVERS")) < 0)
+        goto fail;
+    rank = o.rank >= 0 ? o.rank : parse_uint(env2("GIFT_RANK", "RANK"), 65535);
+    world = o.world_size > 0 ? o.world_size : parse_uint(env2("GIFT_WORLD", "WORLD_SIZE"), 65536);
+    if (rank < 0 || world < 1 || world > 65536 || rank >= world)
+        goto fail;
+    c->rank = (int)rank;
+    c->world = (int)world;
+    c->chunk_bytes = o.chunk_bytes ? o.chunk_bytes : GIFT__CHUNK_DEFAULT;
+    if (c->chunk_bytes < 64)
+        goto fail;
+    c->timeout_ms = o.timeout_ms ? o.timeout_ms : GIFT__TIMEOUT_DEFAULT;
+    c->connect_timeout_ms =
+        o.connect_timeout_ms ? o.connect_timeout_ms : GIFT__CONNECT_TIMEOUT_DEFAULT;
+    c->backoff_max_ms = o.backoff_max_ms ? o.backoff_max_ms : GIFT__BACKOFF_MAX_DEFAULT;
+    c->seed = o.seed ? o.seed : 1;
+    v = o.name;
+    if (v != NULL && *v != '\0')
+        snprintf(c->name, sizeof c->name, "%s", v);
+    else
+        snprintf(c->name, sizeof c->name, "gift-%ld", (long)getpid());
+    rc = GIFT_ENOMEM;
+    if ((c->conns = calloc(c->nshards, sizeof *c->conns)) == NULL)
+        goto fail;
+    if ((rc = gift__net_start(c)) < 0)
+        goto fail;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.kind = GIFT__CMD_CONNECT;
+    cmd.deadline_ns = gift__now_ns() + (uint64_t)c->connect_timeout_ms * 1000000ull;
+    if ((rc = run_cmd(c, &cmd)) < 0) {
+        gift_client_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+fail:
+    client_free(c);
+    return rc;
+}
+
+void gift_client_close(gift_client_t *c)
+{
+    gift__cmd_t cmd;
+    if (c == NULL)
+        return;
+    if (c->thread_started) {
+        memset(&cmd, 0, sizeof cmd);
+        cmd.kind = GIFT__CMD_CLOSE;
+        run_cmd(c, &cmd);
+        gift__net_join(c);
+    }
+    client_free(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Declaration                                                           */
+/* ------------------------------------------------------------------ */
+
+static int fp8(gift_codec_t f)
+{
+    return f == GIFT_CODEC_FP8_E4M3 || f == GIFT_CODEC_FP8_E5M2;
+}
+
+/* The class of a fusable tensor: tensors fuse only with their own class. */
+typedef struct fuse_class {
+    gift_codec_t push, pull;
+    uint32_t block;
+    int ef, sr, prio;
+    uint32_t wire; /* the open bucket */
+    size_t total;  /* its elements so far */
+} fuse_class_t;
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void *aligned(size_t bytes)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        return NULL;
+    memset(p, 0, bytes ? bytes : 64);
+    return p;
+}
+
+static int geo_alloc(gift_geometry_t *g, int din, int k, int ks)
+{
+    memset(g, 0, sizeof *g);
+    g->din = din;
+    g->k = k;
+    g->ks = ks;
+    g->U = aligned((size_t)din * ks * sizeof(float));
+    g->lambda = calloc((size_t)ks, sizeof(float));
+    g->d = calloc((size_t)k, sizeof(float));
+    g->d_inv = calloc((size_t)k, sizeof(float));
+    if (g->U == NULL || g->lambda == NULL || g->d == NULL || g->d_inv == NULL)
+        return GIFT_ENOMEM;
+    g->identity = 1;
+    g->c = g->c_inv = 1.0f;
+    return 0;
+}
+
+/* Allocates every buffer of wire w, once (DESIGN.md section 4). */
+static int wire_alloc(gift_client_t *c, gift__wire_t *w)
+{
+    size_t area = 0;
+    int fused = w->nmembers > 1;
+
+    for (uint32_t j = 0; j < w->nchunks; j++) {
+        gift__chunk_t *ch = &c->chunks[w->chunk0 + j];
+        ch->push_off = area;
+        area += ch->push_l.total;
+    }
+    for (int j = 0; j < 2; j++) {
+        gift__pstate_t *ps = &w->ps[j];
+        gift__lstate_t *pl = &w->pl[j];
+        if ((ps->payload = aligned(area)) == NULL || (ps->acked = calloc(w->nchunks, 1)) == NULL ||
+            (ps->sent = calloc(w->nchunks, 1)) == NULL ||
+            (pl->got = calloc(w->nchunks, 1)) == NULL || (pl->sent = calloc(w->nchunks, 1)) == NULL)
+            return GIFT_ENOMEM;
+        if (fused && ((ps->pushed = calloc(w->nmembers, 1)) == NULL ||
+                      (ps->asmb = aligned(w->n * sizeof(float))) == NULL ||
+                      (pl->mean = aligned(w->n * sizeof(float))) == NULL))
+            return GIFT_ENOMEM;
+    }
+    if (!fused && (w->geometry || w->ef_on) && (w->p = aligned(w->n * sizeof(float))) == NULL)
+        return GIFT_ENOMEM;
+    if (w->ef_on && gift_ef_init(&w->ef, (int)w->rows, (int)w->cols) < 0)
+        return GIFT_ENOMEM;
+    if (w->geometry) {
+        if ((w->work = aligned((size_t)w->rows * w->k * sizeof(float))) == NULL ||
+            (w->Y = aligned((size_t)w->cols * w->ks * sizeof(float))) == NULL)
+            return GIFT_ENOMEM;
+        for (int s = 0; s < GIFT__GEO_SLOTS; s++)
+            if (geo_alloc(&w->geo[s].g, (int)w->cols, (int)w->k, (int)w->ks) < 0)
+                return GIFT_ENOMEM;
+    }
+    return 0;
+}
+
+/* Bytes a row of cols elements costs under p (scales and codes, unpadded). */
+static double row_bytes(const gift_codec_params_t *p, uint32_t cols)
+{
+    gift_layout_t l;
+    if (gift_layout(p, cols, &l) < 0)
+        return 4.0 * cols;
+    return (double)(l.scale_bytes + l.code_bytes);
+}
+
+static Gift__Format wire_format(gift_format_t f)
+{
+    return (Gift__Format)f; /* the same values, by construction */
+}
+
+/* Builds the TensorDecls, the digest and each shard's packed Declare. */
+static int build_declares(gift_client_t *c)
+{
+    size_t nw = c->nwires;
+    Gift__TensorDecl *td = calloc(nw, sizeof *td);
+    Gift__TensorDecl **tdp = calloc(nw, sizeof *tdp);
+    Gift__Codec *codecs = calloc(2 * nw, sizeof *codecs);
+    Gift__ChunkDecl *cd = calloc(c->nchunks, sizeof *cd);
+    Gift__ChunkDecl **cdp = calloc(c->nchunks, sizeof *cdp);
+    int rc = GIFT_ENOMEM;
+
+    if (td == NULL || tdp == NULL || codecs == NULL || cd == NULL || cdp == NULL ||
+        (c->decl_head = calloc(c->nshards, sizeof *c->decl_head)) == NULL ||
+        (c->decl_len = calloc(c->nshards, sizeof *c->decl_len)) == NULL)
+        goto out;
+    for (size_t i = 0; i < nw; i++) {
+        const gift__wire_t *w = &c->wires[i];
+        gift__tensor_decl__init(&td[i]);
+        gift__codec__init(&codecs[2 * i]);
+        gift__codec__init(&codecs[2 * i + 1]);
+        codecs[2 * i].format = wire_format(w->push.fmt);
+        codecs[2 * i].block = w->push.block;
+        codecs[2 * i + 1].format = wire_format(w->pull.fmt);
+        codecs[2 * i + 1].block = w->pull.block;
+        td[i].key = w->key;
+        td[i].name = w->name;
+        td[i].rows = w->rows;
+        td[i].cols = w->cols;
+        td[i].push_codec = &codecs[2 * i];
+        td[i].pull_codec = &codecs[2 * i + 1];
+        td[i].geometry = w->geometry != 0;
+        td[i].rank = w->geometry ? w->k : 0;
+        td[i].basis_cols = w->geometry ? w->ks : 0;
+        td[i].refresh = w->geometry ? w->refresh : 0;
+        td[i].seed = w->seed;
+        tdp[i] = &td[i];
+    }
+    gift_digest_bytes(gift_digest_tensors(tdp, nw), c->digest);
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        Gift__Envelope env = GIFT__ENVELOPE__INIT;
+        Gift__Declare d = GIFT__DECLARE__INIT;
+        size_t nc = 0, need;
+        long n;
+        for (size_t i = 0; i < c->nchunks; i++) {
+            const gift__chunk_t *ch = &c->chunks[i];
+            if (ch->shard != s)
+                continue;
+            gift__chunk_decl__init(&cd[nc]);
+            cd[nc].chunk = ch->idx;
+            cd[nc].row_begin = ch->row_begin;
+            cd[nc].rows = ch->rows;
+            cd[nc].key = ch->wire;
+            cdp[nc] = &cd[nc];
+            nc++;
+        }
+        d.n_tensors = nw;
+        d.tensors = tdp;
+        d.n_chunks = nc;
+        d.chunks = cdp;
+        d.digest.data = c->digest;
+        d.digest.len = 8;
+        env.msg_case = GIFT__ENVELOPE__MSG_DECLARE;
+        env.declare = &d;
+        need = gift_frame_head_size(&env);
+        if (need > GIFT_PREAMBLE_BYTES + GIFT_MAX_HEADER_DEFAULT) {
+            rc = GIFT_EINVAL; /* the declaration would exceed the shards' header limit */
+            goto out;
+        }
+        if ((c->decl_head[s] = malloc(need)) == NULL)
+            goto out;
+        if ((n = gift_frame_pack_head(&env, 0, c->decl_head[s], need)) < 0) {
+            rc = (int)n;
+            goto out;
+        }
+        c->decl_len[s] = (size_t)n;
+    }
+    rc = 0;
+out:
+    free(td);
+    free(tdp);
+    free(codecs);
+    free(cd);
+    free(cdp);
+    return rc;
+}
+
+int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
+{
+    gift_tensor_desc_t *d = NULL;
+    fuse_class_t *cls = NULL;
+    size_t ncls = 0;
+    gift_plan_tensor_t *pt = NULL;
+    gift_plan_t plan;
+    gift__cmd_t cmd;
+    uint64_t max_frame = UINT64_MAX;
+    int rc = GIFT_EINVAL, planned = 0;
+
+    memset(&plan, 0, sizeof plan);
+    if (c == NULL || tensors == NULL || n == 0 || n > (1u << 24) || c->declared || c->wires != NULL)
+        return GIFT_EINVAL;
+    /* Copy and validate the descriptors (each carries its own size). */
+    if ((d = calloc(n, sizeof *d)) == NULL)
+        return GIFT_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const gift_tensor_desc_t *in =
+            (const gift_tensor_desc_t *)((const char *)tensors + i * tensors[0].size);
+        size_t sz = tensors[0].size;
+        gift_codec_params_t p;
+        gift_layout_t l;
+        if (sz < offsetof(gift_tensor_desc_t, push_codec))
+            goto out;
+        memcpy(&d[i], in, sz < sizeof d[i] ? sz : sizeof d[i]);
+        d[i].size = sizeof d[i];
+        if (d[i].rows == 0 || d[i].cols == 0 || (uint64_t)d[i].rows * d[i].cols > UINT32_MAX ||
+            (unsigned)d[i].push_codec > GIFT_CODEC_NVFP4 ||
+            (unsigned)d[i].pull_codec > GIFT_CODEC_NVFP4)
+            goto out;
+        memset(&p, 0, sizeof p);
+        p.fmt = GIFT_FMT_E4M3;
+        p.block = d[i].fp8_block;
+        if (gift_layout(&p, 1, &l) < 0)
+            goto out;
+        if (d[i].geometry) {
+            if (d[i].cols < 2 || d[i].rank > d[i].cols)
+                goto out;
+        }
+    }
+    if (c->max_frame)
+        max_frame = c->max_frame;
+
+    /* Members and wire tensors: fusion in declaration order. */
+    rc = GIFT_ENOMEM;
+    if ((c->mem = calloc(n, sizeof *c->mem)) == NULL ||
+        (c->wires = calloc(n, sizeof *c->wires)) == NULL || (cls = calloc(n, sizeof *cls)) == NULL)
+        goto out;
+    c->nmem = n;
+    for (size_t i = 0; i < n; i++) {
+        gift__member_t *m = &c->mem[i];
+        size_t nel = (size_t)d[i].rows * d[i].cols;
+        uint32_t blk = fp8(d[i].push_codec) || fp8(d[i].pull_codec)
+                           ? (d[i].fp8_block ? d[i].fp8_block : GIFT_FP8_BLOCK_DEFAULT)
+                           : 0;
+        gift__wire_t *w = NULL;
+        char nb[32];
+
+        if (d[i].name == NULL)
+            snprintf(nb, sizeof nb, "tensor%zu", i);
+        if ((m->name = strdup(d[i].name ? d[i].name : nb)) == NULL)
+            goto out;
+        m->rows = d[i].rows;
+        m->cols = d[i].cols;
+        m->n = nel;
+        if (!d[i].geometry && nel * 4 < GIFT__FUSE_BYTES && nel * 4 <= c->chunk_bytes) {
+            fuse_class_t *k = NULL;
+            for (size_t j = 0; j < ncls && k == NULL; j++)
+                if (cls[j].push == d[i].push_codec && cls[j].pull == d[i].pull_codec &&
+                    cls[j].block == blk && cls[j].ef == (d[i].error_feedback != 0) &&
+                    cls[j].sr == (d[i].stochastic != 0) && cls[j].prio == d[i].priority)
+                    k = &cls[j];
+            if (k == NULL) {
+                k = &cls[ncls++];
+                k->push = d[i].push_codec;
+                k->pull = d[i].pull_codec;
+                k->block = blk;
+                k->ef = d[i].error_feedback != 0;
+                k->sr = d[i].stochastic != 0;
+                k->prio = d[i].priority;
+                k->wire = UINT32_MAX;
+            }
+            if (k->wire == UINT32_MAX || (k->total + nel) * 4 > c->chunk_bytes) {
+                /* The class's bucket is full (or there is none yet): open one. */
+                k->wire = (uint32_t)c->nwires++;
+                k->total = 0;
+                c->wires[k->wire].rows = 1;
+            }
+            w = &c->wires[k->wire];
+            m->wire = k->wire;
+            m->off = k->total;
+            k->total += nel;
+            w->cols = (uint32_t)k->total;
+        } else {
+            m->wire = (uint32_t)c->nwires++;
+            m->off = 0;
+            w = &c->wires[m->wire];
+            w->rows = d[i].rows;
+            w->cols = d[i].cols;
+            if (!d[i].geometry && (uint64_t)d[i].cols * 4 > c->chunk_bytes) {
+                /* A row wider than a chunk: re-cut the (Euclidean) tensor into
+                 * rows of a divisor of its length, at least 8 rows a chunk. */
+                size_t cmax = (size_t)(c->chunk_bytes / 32), cc;
+                if (cmax < 1)
+                    cmax = 1;
+                for (cc = cmax < nel ? cmax : nel; cc > 1 && nel % cc != 0; cc--)
+                    ;
+                w->cols = (uint32_t)cc;
+                w->rows = (uint32_t)(nel / cc);
+            }
+        }
+        if (w->nmembers == 0) {
+            w->push.fmt = (gift_format_t)d[i].push_codec;
+            w->pull.fmt = (gift_format_t)d[i].pull_codec;
+            w->push.block = fp8(d[i].push_codec) ? d[i].fp8_block : 0;
+            w->pull.block = fp8(d[i].pull_codec) ? d[i].fp8_block : 0;
+            w->push.stochastic = d[i].stochastic != 0;
+            w->ef_on = d[i].error_feedback != 0;
+            w->geometry = d[i].geometry != 0;
+            w->prio = d[i].priority;
+            if (w->geometry) {
+                int k =
+                    d[i].rank ? (int)d[i].rank : gift_rank_default((int)d[i].rows, (int)d[i].cols);
+                int ks = gift_basis_cols((int)d[i].cols, k, GIFT_OVERSAMPLE_DEFAULT);
+                if (k < 1 || ks < k) {
+                    rc = GIFT_EINVAL;
+                    goto out;
+                }
+                w->k = (uint32_t)k;
+                w->ks = (uint32_t)ks;
+                w->refresh = d[i].refresh ? d[i].refresh : GIFT__REFRESH_DEFAULT;
+            }
+        }
+        m->index = w->nmembers++;
+    }
+    /* Wire keys, names, member lists, priorities. */
+    for (size_t i = 0; i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        w->key = (uint32_t)i;
+        w->n = (size_t)w->rows * w->cols;
+        w->seed = mix64(c->seed + 0x9E3779B97F4A7C15ull * (i + 1));
+        if ((w->members = calloc(w->nmembers, sizeof *w->members)) == NULL)
+            goto out;
+        w->nmembers = 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        gift__wire_t *w = &c->wires[c->mem[i].wire];
+        w->members[w->nmembers++] = (uint32_t)i;
+    }
+    for (size_t i = 0; i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        const gift__member_t *first = &c->mem[w->members[0]];
+        uint32_t lo = w->members[0], hi = w->members[w->nmembers - 1];
+        char nm[300];
+        if (w->nmembers == 1)
+            snprintf(nm, sizeof nm, "%s", first->name);
+        else
+            snprintf(nm, sizeof nm, "fused:%.200s+%u", first->name, w->nmembers - 1);
+        if ((w->name = strdup(nm)) == NULL)
+            goto out;
+        /* The tensor's priority first; then, within a turn, pushes before
+         * pulls (a shard refuses a pull for a chunk nobody has pushed yet);
+         * pushes later-declared first, pulls earlier-declared first. */
+        w->push_prio = (int64_t)w->prio * (1ll << 33) + (1ll << 32) + hi;
+        w->pull_prio = (int64_t)w->prio * (1ll << 33) + (int64_t)(UINT32_MAX - lo);
+    }
+    /* Placement. */
+    if ((pt = calloc(c->nwires, sizeof *pt)) == NULL)
+        goto out;
+    for (size_t i = 0; i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        pt[i].rows = w->rows;
+        pt[i].cols = w->cols;
+        pt[i].row_weight = row_bytes(&w->push, w->cols) + row_bytes(&w->pull, w->cols);
+    }
+    if ((rc = gift_plan_build(pt, c->nwires, c->nshards, c->chunk_bytes, &plan)) < 0)
+        goto out;
+    planned = 1;
+    rc = GIFT_ENOMEM;
+    if ((c->chunks = calloc(plan.nchunks, sizeof *c->chunks)) == NULL)
+        goto out;
+    c->nchunks = plan.nchunks;
+    for (size_t i = 0; i < plan.nchunks; i++) {
+        const gift_plan_chunk_t *pc = &plan.chunks[i];
+        gift__chunk_t *ch = &c->chunks[i];
+        const gift__wire_t *w = &c->wires[pc->tensor];
+        ch->wire = pc->tensor;
+        ch->idx = pc->chunk;
+        ch->row_begin = pc->row_begin;
+        ch->rows = pc->rows;
+        ch->shard = pc->shard;
+        ch->n = (size_t)pc->rows * w->cols;
+        ch->off = (size_t)pc->row_begin * w->cols;
+        if (gift_layout(&w->push, ch->n, &ch->push_l) < 0 ||
+            gift_layout(&w->pull, ch->n, &ch->pull_l) < 0 || ch->push_l.total > max_frame ||
+            ch->pull_l.total > max_frame) {
+            rc = GIFT_EINVAL;
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        w->chunk0 = (uint32_t)plan.first[i];
+        w->nchunks = (uint32_t)(plan.first[i + 1] - plan.first[i]);
+        if (w->geometry && (uint64_t)w->cols * (w->ks + 1) * 4 > max_frame) {
+            rc = GIFT_EINVAL;
+            goto out;
+        }
+        if ((rc = wire_alloc(c, w)) < 0)
+            goto out;
+    }
+    if ((rc = build_declares(c)) < 0)
+        goto out;
+
+    c->declared = 1;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.kind = GIFT__CMD_DECLARE;
+    cmd.deadline_ns = gift__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    rc = run_cmd(c, &cmd);
+    if (rc < 0)
+        c->declared = 0; /* no operation may start; the buffers go at close */
+out:
+    if (planned)
+        gift_plan_free(&plan);
+    free(pt);
+    free(cls);
+    free(d);
+    return rc;
+}

@@ -1,0 +1,311 @@
+/*
+ * client_internal.h: libgiftclient's state, shared by its three files.
+ *
+ *   client.c  the public API on the caller's side: options, the declared
+ *             list (fusion, wire tensors, placement, buffers), operations
+ *             and their hand-over to the I/O thread.
+ *   engine.c  everything the I/O thread does that is not a socket: the
+ *             per-step push and pull state of every wire tensor, encode and
+ *             decode, geometry epochs, frame handling, replay and timeouts.
+ *   net.c     the only file that knows libuv: the thread, its loop,
+ *             connections with backoff, one batched write per turn.
+ *
+ * Threads: the caller's thread builds the declared list and then only reads
+ * it; every mutable field below is owned by the I/O thread, except those
+ * marked "mu" (guarded by gift_client.mu) and the counters (atomic).
+ *
+ * Wire tensors: what travels. A user tensor ("member") maps to a slice
+ * [off, off + n) of exactly one wire tensor. Small Euclidean tensors are
+ * fused into one 1 x N bucket per codec class, so that a step of many small
+ * tensors costs one frame per bucket instead of one per tensor; every other
+ * tensor is a wire tensor of its own (a 1-D tensor whose row would exceed a
+ * chunk is reshaped into rows of a divisor of its length).
+ */
+#ifndef GIFT_CLIENT_INTERNAL_H
+#define GIFT_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "gift/client.h"
+#include "gift_codec.h"
+#include "gift_proto.h"
+#include "placement.h"
+
+#define GIFT__FUSE_BYTES (64u * 1024u) /* tensors below this (FP32) are fused */
+#define GIFT__GEO_SLOTS 3              /* geometry epochs kept per tensor */
+#define GIFT__CHUNK_DEFAULT (4ull << 20)
+#define GIFT__TIMEOUT_DEFAULT 60000
+#define GIFT__CONNECT_TIMEOUT_DEFAULT 30000
+#define GIFT__BACKOFF_MAX_DEFAULT 2000
+#define GIFT__BACKOFF_MIN_MS 20
+#define GIFT__REFRESH_DEFAULT 50
+
+/* Kinds carried in the top byte of a request's seq, so that an Error frame
+ * finds the request it answers. */
+enum { GIFT__SEQ_PUSH = 1, GIFT__SEQ_PULL = 2, GIFT__SEQ_SKETCH = 3, GIFT__SEQ_GEO = 4 };
+
+/* Frame priorities: larger is written first within one loop turn. */
+#define GIFT__PRIO_CONTROL INT64_MAX
+#define GIFT__PRIO_SKETCH (INT64_MAX - 1)
+
+typedef struct gift__req gift__req_t;
+
+/* An intrusive doubly-linked list of requests. */
+typedef struct gift__list {
+    gift__req_t *head, *tail;
+} gift__list_t;
+
+enum gift__req_kind { GIFT__REQ_PUSH = 1, GIFT__REQ_PULL = 2, GIFT__REQ_SKETCH = 3 };
+
+/* One step of one member: a push, a pull, or a sketch. A request is in at
+ * most one list at a time: its member's queue of deferred requests, or the
+ * push/pull state it waits on. */
+struct gift__req {
+    gift__req_t *prev, *next;
+    gift__list_t *list;
+    struct gift_op *op;    /* push/pull: the operation; sketch: NULL */
+    struct gift__cmd *cmd; /* sketch: the command */
+    int active;            /* sketch: not finished yet */
+    int kind;
+    uint32_t id; /* member */
+    uint64_t step;
+    const float *in; /* push: grad; sketch: X */
+    float *out;      /* pull */
+    uint32_t n;      /* sketch: rows of X */
+};
+
+/* A command handed to the I/O thread (mu while queued). */
+enum gift__cmd_kind {
+    GIFT__CMD_OP = 1,  /* start op's requests */
+    GIFT__CMD_CONNECT, /* connect to every shard */
+    GIFT__CMD_DECLARE, /* declare the list everywhere, fetch epoch 0 */
+    GIFT__CMD_SKETCH,  /* compute and send a sketch */
+    GIFT__CMD_CLOSE    /* finish in-flight ops, stop the loop */
+};
+
+typedef struct gift__cmd {
+    struct gift__cmd *next;
+    int kind;
+    int done, rc; /* mu */
+    uint64_t deadline_ns;
+    struct gift_op *op;
+    gift__req_t req; /* sketch */
+} gift__cmd_t;
+
+/* An operation (gift_op_t): one or two requests (push_pull). */
+struct gift_op {
+    gift_client_t *c;
+    struct gift_op *prev, *next; /* in-flight list (I/O thread) or free list (mu) */
+    gift__req_t req[2];
+    int nreq, parts_left;
+    int status;
+    uint64_t deadline_ns;
+    gift_op_cb cb;
+    void *arg;
+    int done, in_cb, free_req; /* mu */
+    int pooled;                /* mu: on the free list */
+    int active[2];             /* I/O thread: req[i] not finished yet */
+    gift__cmd_t cmd;           /* its hand-over to the I/O thread */
+};
+
+typedef struct gift__member {
+    char *name;
+    uint32_t rows, cols;
+    uint32_t wire;
+    size_t off, n;     /* slice of the wire tensor, elements */
+    uint32_t index;    /* position within the wire's members */
+    gift__list_t fifo; /* deferred requests, in submission order */
+} gift__member_t;
+
+typedef struct gift__chunk {
+    uint32_t wire, idx, row_begin, rows, shard;
+    size_t n, off; /* elements; off = row_begin * cols */
+    gift_layout_t push_l, pull_l;
+    size_t push_off; /* offset of its payload in a push state's area */
+} gift__chunk_t;
+
+enum gift__ps_state { GIFT__PS_IDLE = 0, GIFT__PS_ASSEMBLING, GIFT__PS_SENT, GIFT__PS_ACKED };
+enum gift__pl_state { GIFT__PL_IDLE = 0, GIFT__PL_PENDING, GIFT__PL_READY };
+
+/* One step's push of a wire tensor (two per tensor: step & 1). */
+typedef struct gift__pstate {
+    int state;
+    uint64_t step;
+    uint32_t epoch;
+    int need_replay;  /* its pull has not completed: replay after a reconnect */
+    int inflight;     /* frames of this payload in queued or in-flight writes */
+    uint32_t npushed; /* fused: members in */
+    uint8_t *pushed;  /* fused: per member */
+    uint8_t *acked;   /* per chunk */
+    uint8_t *sent;    /* per chunk: queued on the current connection */
+    uint32_t nacked;
+    uint8_t *payload; /* every chunk's encoded payload, 64-aligned */
+    float *asmb;      /* fused: the assembled gradient */
+    gift__list_t reqs;
+} gift__pstate_t;
+
+/* One step's pull of a wire tensor. */
+typedef struct gift__lstate {
+    int state;
+    uint64_t step;
+    uint32_t epoch;
+    int epoch_set;
+    int err;
+    uint8_t *got, *sent; /* per chunk */
+    uint32_t ngot;
+    float *target; /* where chunks decode: the first request's out, or mean */
+    float *mean;   /* fused: the decoded bucket, kept for later members */
+    gift__list_t reqs;
+} gift__lstate_t;
+
+typedef struct gift__geo {
+    gift_geometry_t g;
+    uint64_t valid_from;
+    int used;
+} gift__geo_t;
+
+typedef struct gift__wire {
+    uint32_t key;
+    char *name;
+    uint32_t rows, cols;
+    size_t n;
+    gift_codec_params_t push, pull;
+    int ef_on, geometry, prio;
+    uint32_t k, ks, refresh;
+    uint64_t seed;
+    uint32_t *members, nmembers;
+    uint32_t chunk0, nchunks; /* into gift_client.chunks */
+    int64_t push_prio, pull_prio;
+    gift__pstate_t ps[2];
+    gift__lstate_t pl[2];
+    float *p;    /* transformed gradient (geometry or EF) */
+    float *work; /* rows * k */
+    gift_ef_t ef;
+    /* Geometry. */
+    gift__geo_t geo[GIFT__GEO_SLOTS];
+    int have_geo;
+    uint32_t newest;          /* newest epoch held */
+    int fetching, fetch_sent; /* a GeometryRequest is outstanding */
+    int sk_pending;           /* a sketch was sent; chunk 0's reply for sk_step not seen */
+    int sk_unsent;
+    uint64_t sk_step;
+    uint32_t sk_epoch;
+    double sk_trace;
+    int sk_inflight;
+    int sk_err;
+    float *Y, *skw;
+    size_t skw_cap;
+    uint32_t last_epoch; /* epoch of the last push (switch counting) */
+    int pushed_once;
+} gift__wire_t;
+
+enum gift__conn_state {
+    GIFT__CONN_DOWN = 0,
+    GIFT__CONN_HELLO,     /* TCP up, Hello sent */
+    GIFT__CONN_DECLARING, /* Declare sent */
+    GIFT__CONN_READY
+};
+
+typedef struct gift__conn {
+    int state;
+    int err;        /* the shard refused the handshake (a code) */
+    int ever_ready; /* reached READY at least once */
+    int lost;       /* dropped after being ready: the next READY is a reconnect */
+    int declared;   /* a DeclareAck arrived */
+    uint64_t max_frame;
+} gift__conn_t;
+
+typedef struct gift__net gift__net_t;
+
+struct gift_client {
+    /* Configuration (immutable after open). */
+    int rank, world;
+    uint32_t nshards;
+    struct sockaddr_storage *addrs;
+    uint64_t chunk_bytes;
+    uint32_t timeout_ms, connect_timeout_ms, backoff_max_ms;
+    uint64_t seed;
+    char name[128];
+    /* The declared list (immutable after gift_declare). */
+    int declared;       /* caller: operations may start */
+    uint64_t max_frame; /* smallest max_frame_bytes of the shards, from open */
+    gift__member_t *mem;
+    size_t nmem;
+    gift__wire_t *wires;
+    size_t nwires;
+    gift__chunk_t *chunks;
+    size_t nchunks;
+    uint8_t **decl_head; /* per shard: the packed Declare frame */
+    size_t *decl_len;
+    uint8_t digest[8];
+    /* Threads. */
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    gift__cmd_t *subq_head, *subq_tail; /* mu */
+    struct gift_op *free_ops;           /* mu */
+    struct gift_op **all_ops;           /* mu: every op allocated, for close */
+    size_t nall_ops, all_ops_cap;       /* mu */
+    gift__net_t *net;
+    gift_client_stats_t st; /* atomic counters */
+    /* I/O thread. */
+    gift__conn_t *conns;
+    struct gift_op *ops; /* in flight */
+    gift__cmd_t *cmd_connect, *cmd_declare, *cmd_close;
+    int geo_err;     /* a GeometryRequest failed during declare */
+    int io_declared; /* the I/O thread's own "declared" (Hello digest, Declare) */
+    int rescan;
+    int closing;
+    uint64_t seq;
+    uint64_t backoff_reset_ns;
+};
+
+/* Counters (any thread). */
+#define GIFT__STAT_ADD(c, field, v) __atomic_fetch_add(&(c)->st.field, (v), __ATOMIC_RELAXED)
+
+/* ---- client.c ---- */
+/* Marks a command done with rc and wakes its waiter (I/O thread). */
+void gift__cmd_done(gift_client_t *c, gift__cmd_t *cmd, int rc);
+/* Completes an operation: status, callback, wake-up (I/O thread). */
+void gift__op_complete(gift_client_t *c, struct gift_op *op);
+/* Takes every queued command, in order (I/O thread). */
+gift__cmd_t *gift__take_commands(gift_client_t *c);
+
+/* ---- engine.c (I/O thread) ---- */
+void gift__eng_commands(gift_client_t *c);
+void gift__eng_conn_up(gift_client_t *c, uint32_t shard);
+void gift__eng_conn_down(gift_client_t *c, uint32_t shard);
+void gift__eng_conn_failed(gift_client_t *c, uint32_t shard, int code);
+/* A frame from shard; returns 0, or a negative code to drop the connection. */
+int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f);
+void gift__eng_tick(gift_client_t *c);
+void gift__eng_turn_end(gift_client_t *c);
+/* Frees the per-wire buffers (any thread, once the I/O thread is gone). */
+void gift__eng_free_wires(gift_client_t *c);
+
+/* ---- net.c ---- */
+int gift__net_start(gift_client_t *c);        /* caller: loop, handles, thread */
+void gift__net_wake(gift_client_t *c);        /* caller: commands are queued */
+void gift__net_join(gift_client_t *c);        /* caller: after CMD_CLOSE completed */
+void gift__net_connect_all(gift_client_t *c); /* I/O thread */
+void gift__net_shutdown(gift_client_t *c);    /* I/O thread: close every handle */
+void gift__net_backoff_reset(gift_client_t *c, uint32_t shard);
+void gift__net_drop(gift_client_t *c, uint32_t shard); /* I/O thread: close, reconnect */
+/* Queues a frame for shard: env packed with payload_len = len, then len bytes
+ * of payload (not copied: it must stay unchanged until the write completes,
+ * tracked by *inflight, incremented now and decremented when the write is
+ * done or dropped; inflight may be NULL without payload). Written at the end
+ * of the loop turn, in priority order. Returns 0, GIFT_ECLOSED (no
+ * connection) or GIFT_ENOMEM. */
+int gift__net_queue(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
+                    const void *payload, size_t len, int64_t prio, int *inflight);
+/* Same with a head already packed (preamble + header, payload_len 0). */
+int gift__net_queue_raw(gift_client_t *c, uint32_t shard, const uint8_t *head, size_t head_len,
+                        int64_t prio);
+uint64_t gift__now_ns(void);
+
+#endif

@@ -1,0 +1,1219 @@
+/*
+ * engine.c: what libgiftclient's I/O thread does, without sockets. Every
+ * function here runs on the I/O thread; net.c calls in with frames,
+ * connection events, the end of each loop turn and a periodic tick, and this
+ * file calls gift__net_queue to send.
+ *
+ * Requests (one step of one member: push, pull or sketch) wait in their
+ * member's FIFO until they can start, so a member's requests start in the
+ * order they were made (a sketch before its step's push, a push before its
+ * pull). A started request waits on the push or pull state of its wire
+ * tensor for that step (two of each per tensor: step & 1):
+ *
+ *   push  IDLE -> ASSEMBLING (fused: until every member is in) -> SENT
+ *         (every chunk encoded and queued) -> ACKED (every PushAck). Its
+ *         payloads are kept, with need_replay, until the pull of that step
+ *         completes: a reconnect re-sends them (the shard acknowledges
+ *         duplicates). A push of step t + 2 waits while they are needed.
+ *   pull  IDLE -> PENDING (Pull per chunk) -> all chunks decoded, T^-1,
+ *         copied out -> IDLE (or READY for a fused bucket, whose mean later
+ *         members of the same step read).
+ *
+ * Geometry (DESIGN.md section 2): a geometry tensor's pushes and sketches
+ * for step t need the epoch valid at t. After a sketch at step s, pushes of
+ * later steps wait until chunk 0's reply for step s has said which epoch is
+ * newest, and until that epoch has been fetched (GeometryRequest). Every
+ * worker thus switches at the epoch's valid_from_step, and decodes each pull
+ * with the epoch its reply names.
+ */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+/* ------------------------------------------------------------------ */
+/* Lists                                                                 */
+/* ------------------------------------------------------------------ */
+
+static void list_push(gift__list_t *l, gift__req_t *r)
+{
+    r->list = l;
+    r->next = NULL;
+    r->prev = l->tail;
+    if (l->tail)
+        l->tail->next = r;
+    else
+        l->head = r;
+    l->tail = r;
+}
+
+static void list_push_front(gift__list_t *l, gift__req_t *r)
+{
+    r->list = l;
+    r->prev = NULL;
+    r->next = l->head;
+    if (l->head)
+        l->head->prev = r;
+    else
+        l->tail = r;
+    l->head = r;
+}
+
+static void list_remove(gift__req_t *r)
+{
+    gift__list_t *l = r->list;
+    if (l == NULL)
+        return;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        l->head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        l->tail = r->prev;
+    r->prev = r->next = NULL;
+    r->list = NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                               */
+/* ------------------------------------------------------------------ */
+
+static gift__wire_t *wire_of(gift_client_t *c, const gift__req_t *r)
+{
+    return &c->wires[c->mem[r->id].wire];
+}
+
+static gift__chunk_t *chunk_of(gift_client_t *c, const gift__wire_t *w, uint32_t j)
+{
+    return &c->chunks[w->chunk0 + j];
+}
+
+static uint32_t owner_of(gift_client_t *c, const gift__wire_t *w)
+{
+    return chunk_of(c, w, 0)->shard;
+}
+
+static int ready(const gift_client_t *c, uint32_t shard)
+{
+    return c->conns[shard].state == GIFT__CONN_READY;
+}
+
+static uint64_t next_seq(gift_client_t *c, int kind)
+{
+    c->seq = (c->seq + 1) & ((1ull << 56) - 1);
+    return ((uint64_t)kind << 56) | c->seq;
+}
+
+static void codec_wire(Gift__Codec *cd, const gift_codec_params_t *p)
+{
+    gift__codec__init(cd);
+    cd->format = (Gift__Format)p->fmt;
+    cd->block = p->block;
+}
+
+/* The geometry slot holding epoch e, or NULL. */
+static gift__geo_t *geo_by_epoch(gift__wire_t *w, uint32_t e)
+{
+    for (int i = 0; i < GIFT__GEO_SLOTS; i++)
+        if (w->geo[i].used && w->geo[i].g.epoch == e)
+            return &w->geo[i];
+    return NULL;
+}
+
+/* The epoch valid for pushes of step t: the newest one valid from t or earlier. */
+static gift__geo_t *geo_for_step(gift__wire_t *w, uint64_t t)
+{
+    gift__geo_t *best = NULL;
+    for (int i = 0; i < GIFT__GEO_SLOTS; i++) {
+        gift__geo_t *g = &w->geo[i];
+        if (g->used && g->valid_from <= t && (best == NULL || g->g.epoch > best->g.epoch))
+            best = g;
+    }
+    return best;
+}
+
+/* Whether the epoch for step t is known: no fetch outstanding and no sketch
+ * of an earlier step whose outcome is still unknown. */
+static int settled(const gift__wire_t *w, uint64_t t)
+{
+    return w->have_geo && !w->fetching && !(w->sk_pending && t > w->sk_step);
+}
+
+/* ------------------------------------------------------------------ */
+/* Completion                                                            */
+/* ------------------------------------------------------------------ */
+
+static void send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
+
+/* Takes r out of whatever it waits on. A pull that was the decode target of
+ * its (unfused) wire hands the pull over to the next request waiting on it,
+ * restarted from scratch; with none left the pull is abandoned (late replies
+ * are dropped). */
+static void detach(gift_client_t *c, gift__req_t *r)
+{
+    gift__wire_t *w;
+    gift__lstate_t *pl;
+    if (r->list == NULL)
+        return;
+    w = wire_of(c, r);
+    pl = &w->pl[r->step & 1];
+    if (r->kind != GIFT__REQ_PULL || r->list != &pl->reqs || w->nmembers > 1 ||
+        pl->target != r->out) {
+        list_remove(r);
+        return;
+    }
+    list_remove(r);
+    if (pl->state != GIFT__PL_PENDING)
+        return;
+    if (pl->reqs.head == NULL) {
+        pl->state = GIFT__PL_IDLE;
+        return;
+    }
+    pl->target = pl->reqs.head->out;
+    pl->ngot = 0;
+    pl->err = 0;
+    pl->epoch_set = 0;
+    memset(pl->got, 0, w->nchunks);
+    memset(pl->sent, 0, w->nchunks);
+    send_pull_chunks(c, w, pl);
+}
+
+/* Finishes request r with rc. A failure fails the other half of a push_pull
+ * too; the operation completes when both halves have finished. */
+static void req_finish(gift_client_t *c, gift__req_t *r, int rc)
+{
+    gift_op_t *op;
+    if (r->kind == GIFT__REQ_SKETCH) {
+        if (!r->active)
+            return;
+        r->active = 0;
+        detach(c, r);
+        gift__cmd_done(c, r->cmd, rc);
+        return;
+    }
+    op = r->op;
+    if (!op->active[r - op->req])
+        return;
+    op->active[r - op->req] = 0;
+    detach(c, r);
+    if (rc < 0 && op->status == 0)
+        op->status = rc;
+    op->parts_left--;
+    if (rc < 0)
+        for (int i = 0; i < op->nreq; i++)
+            if (op->active[i]) {
+                op->active[i] = 0;
+                detach(c, &op->req[i]);
+                op->parts_left--;
+            }
+    if (op->parts_left == 0) {
+        if (op->prev)
+            op->prev->next = op->next;
+        else
+            c->ops = op->next;
+        if (op->next)
+            op->next->prev = op->prev;
+        op->prev = op->next = NULL;
+        c->rescan = 1;
+        gift__op_complete(c, op);
+    }
+}
+
+static void finish_all(gift_client_t *c, gift__list_t *l, int rc)
+{
+    while (l->head != NULL)
+        req_finish(c, l->head, rc);
+}
+
+static void fail_ps(gift_client_t *c, gift__pstate_t *ps, int rc)
+{
+    ps->state = GIFT__PS_IDLE;
+    ps->need_replay = 0;
+    finish_all(c, &ps->reqs, rc);
+    c->rescan = 1;
+}
+
+static void fail_pl(gift_client_t *c, gift__lstate_t *pl, int rc)
+{
+    pl->state = GIFT__PL_IDLE;
+    finish_all(c, &pl->reqs, rc);
+    c->rescan = 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Sending                                                               */
+/* ------------------------------------------------------------------ */
+
+static int queue_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, gift__chunk_t *ch)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Push m = GIFT__PUSH__INIT;
+    Gift__Codec cd;
+    codec_wire(&cd, &w->push);
+    m.key = w->key;
+    m.chunk = ch->idx;
+    m.step = ps->step;
+    m.epoch = ps->epoch;
+    m.codec = &cd;
+    m.seq = next_seq(c, GIFT__SEQ_PUSH);
+    env.msg_case = GIFT__ENVELOPE__MSG_PUSH;
+    env.push = &m;
+    return gift__net_queue(c, ch->shard, &env, ps->payload + ch->push_off, ch->push_l.total,
+                           w->push_prio, &ps->inflight);
+}
+
+/* Queues every chunk of ps not yet queued on its shard's connection. */
+static void send_push_chunks(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
+                             uint32_t only_shard, int replay)
+{
+    for (uint32_t j = 0; j < w->nchunks; j++) {
+        gift__chunk_t *ch = chunk_of(c, w, j);
+        if (ps->sent[j] || !ready(c, ch->shard) ||
+            (only_shard != UINT32_MAX && ch->shard != only_shard))
+            continue;
+        if (queue_push(c, w, ps, ch) == 0) {
+            ps->sent[j] = 1;
+            if (replay)
+                GIFT__STAT_ADD(c, replays, 1);
+        }
+    }
+}
+
+/* Queues the Pull of every chunk of pl not yet queued. A chunk whose push of
+ * the same step this worker has not queued yet waits for it (a fused bucket
+ * still assembling, a connection coming back): a shard refuses a pull for a
+ * chunk that nobody has pushed, and on one connection the push goes first. */
+static void send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
+{
+    const gift__pstate_t *ps = &w->ps[pl->step & 1];
+    int own_push = ps->state != GIFT__PS_IDLE && ps->step == pl->step;
+    for (uint32_t j = 0; j < w->nchunks; j++) {
+        gift__chunk_t *ch = chunk_of(c, w, j);
+        Gift__Envelope env = GIFT__ENVELOPE__INIT;
+        Gift__Pull m = GIFT__PULL__INIT;
+        if (pl->got[j] || pl->sent[j] || !ready(c, ch->shard) || (own_push && !ps->sent[j]))
+            continue;
+        m.key = w->key;
+        m.chunk = ch->idx;
+        m.step = pl->step;
+        m.have_epoch = w->geometry ? w->newest : 0;
+        m.seq = next_seq(c, GIFT__SEQ_PULL);
+        env.msg_case = GIFT__ENVELOPE__MSG_PULL;
+        env.pull = &m;
+        if (gift__net_queue(c, ch->shard, &env, NULL, 0, w->pull_prio, NULL) == 0)
+            pl->sent[j] = 1;
+    }
+}
+
+static void send_geo_request(gift_client_t *c, gift__wire_t *w)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__GeometryRequest m = GIFT__GEOMETRY_REQUEST__INIT;
+    uint32_t s = owner_of(c, w);
+    if (!w->fetching || w->fetch_sent || !ready(c, s))
+        return;
+    m.key = w->key;
+    m.epoch = w->newest;
+    m.seq = next_seq(c, GIFT__SEQ_GEO);
+    env.msg_case = GIFT__ENVELOPE__MSG_GEOMETRY_REQUEST;
+    env.geometry_request = &m;
+    if (gift__net_queue(c, s, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) == 0)
+        w->fetch_sent = 1;
+}
+
+static void send_sketch(gift_client_t *c, gift__wire_t *w)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Sketch m = GIFT__SKETCH__INIT;
+    uint32_t s = owner_of(c, w);
+    if (!w->sk_unsent || !ready(c, s))
+        return;
+    m.key = w->key;
+    m.step = w->sk_step;
+    m.epoch = w->sk_epoch;
+    m.trace = w->sk_trace;
+    m.din = w->cols;
+    m.basis_cols = w->ks;
+    m.seq = next_seq(c, GIFT__SEQ_SKETCH);
+    env.msg_case = GIFT__ENVELOPE__MSG_SKETCH;
+    env.sketch = &m;
+    if (gift__net_queue(c, s, &env, w->Y, (size_t)w->cols * w->ks * sizeof(float),
+                        GIFT__PRIO_SKETCH, &w->sk_inflight) == 0)
+        w->sk_unsent = 0;
+}
+
+static void send_hello(gift_client_t *c, uint32_t shard)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Hello h = GIFT__HELLO__INIT;
+    h.protocol_version = GIFT_PROTOCOL_VERSION;
+    h.rank = (uint32_t)c->rank;
+    h.world_size = (uint32_t)c->world;
+    if (c->io_declared) {
+        h.cluster_digest.data = c->digest;
+        h.cluster_digest.len = 8;
+    }
+    h.client_name = c->name;
+    env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
+    env.hello = &h;
+    if (gift__net_queue(c, shard, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) < 0)
+        gift__net_drop(c, shard);
+}
+
+static void send_declare(gift_client_t *c, uint32_t shard)
+{
+    if (gift__net_queue_raw(c, shard, c->decl_head[shard], c->decl_len[shard], GIFT__PRIO_CONTROL) <
+        0) {
+        gift__net_drop(c, shard);
+        return;
+    }
+    c->conns[shard].state = GIFT__CONN_DECLARING;
+}
+
+/* ------------------------------------------------------------------ */
+/* Push                                                                  */
+/* ------------------------------------------------------------------ */
+
+/* Transforms (geometry), adds the residual (error feedback), encodes every
+ * chunk of ps's step from src and queues what can go now. */
+static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
+{
+    const float *p = src;
+    gift__geo_t *G = NULL;
+    uint32_t epoch = 0;
+    int rc;
+
+    if (w->geometry) {
+        if ((G = geo_for_step(w, ps->step)) == NULL) {
+            fail_ps(c, ps, GIFT_EEPOCH);
+            return;
+        }
+        epoch = G->g.epoch;
+        if (!G->g.identity) {
+            if ((rc = gift_transform(&G->g, 0, src, (int)w->rows, w->p, w->work)) < 0) {
+                fail_ps(c, ps, rc);
+                return;
+            }
+            p = w->p;
+        }
+    }
+    if (w->ef_on) {
+        float *q = w->nmembers > 1 ? ps->asmb : w->p;
+        if (w->ef.epoch != epoch) {
+            gift__geo_t *old = geo_by_epoch(w, w->ef.epoch);
+            if (old == NULL || G == NULL || gift_ef_rebase(&w->ef, &old->g, &G->g, w->work) < 0)
+                gift_ef_reset(&w->ef, epoch);
+        }
+        if (p != q)
+            memcpy(q, p, w->n * sizeof(float));
+        gift_ef_add(&w->ef, q);
+        p = q;
+    }
+    if (w->pushed_once && epoch != w->last_epoch)
+        GIFT__STAT_ADD(c, epochs_switched, 1);
+    w->last_epoch = epoch;
+    w->pushed_once = 1;
+    for (uint32_t j = 0; j < w->nchunks; j++) {
+        gift__chunk_t *ch = chunk_of(c, w, j);
+        gift_codec_params_t cp = w->push;
+        uint8_t *pay = ps->payload + ch->push_off;
+        cp.sr.seed = c->seed;
+        cp.sr.rank = (uint32_t)c->rank;
+        cp.sr.key = w->key;
+        cp.sr.chunk = ch->idx;
+        cp.sr.step = ps->step;
+        if ((rc = gift_encode(&cp, p + ch->off, ch->n, pay, ch->push_l.total)) < 0) {
+            fail_ps(c, ps, rc);
+            return;
+        }
+        if (w->ef_on) {
+            /* e = p - decode(encode(p)), chunk by chunk, in place in e. */
+            float *e = w->ef.e + ch->off;
+            const float *pc = p + ch->off;
+            if ((rc = gift_decode(&cp, pay, ch->push_l.total, ch->n, e)) < 0) {
+                fail_ps(c, ps, rc);
+                return;
+            }
+            for (size_t i = 0; i < ch->n; i++)
+                e[i] = pc[i] - e[i];
+        }
+    }
+    ps->state = GIFT__PS_SENT;
+    ps->epoch = epoch;
+    ps->need_replay = 1;
+    ps->nacked = 0;
+    memset(ps->acked, 0, w->nchunks);
+    memset(ps->sent, 0, w->nchunks);
+    send_push_chunks(c, w, ps, UINT32_MAX, 0);
+    if (w->pl[ps->step & 1].state == GIFT__PL_PENDING && w->pl[ps->step & 1].step == ps->step)
+        send_pull_chunks(c, w, &w->pl[ps->step & 1]);
+}
+
+/* Starts a push request, or returns 0 when it must wait. */
+static int try_push(gift_client_t *c, gift__req_t *r)
+{
+    gift__member_t *m = &c->mem[r->id];
+    gift__wire_t *w = &c->wires[m->wire];
+    gift__pstate_t *ps = &w->ps[r->step & 1];
+    int fused = w->nmembers > 1;
+
+    if (w->sk_err) {
+        int rc = w->sk_err;
+        w->sk_err = 0;
+        req_finish(c, r, rc);
+        return 1;
+    }
+    if (w->geometry && !settled(w, r->step))
+        return 0;
+    if (ps->state != GIFT__PS_IDLE) {
+        if (ps->step == r->step) {
+            if (fused && ps->state == GIFT__PS_ASSEMBLING && !ps->pushed[m->index])
+                goto add;
+            req_finish(c, r, GIFT_EINVAL); /* this step was pushed already */
+            return 1;
+        }
+        if (ps->step > r->step) {
+            req_finish(c, r, GIFT_ESTEP);
+            return 1;
+        }
+        /* Step t - 2 (or older) still holds the slot. */
+        if (ps->state == GIFT__PS_ASSEMBLING || ps->state == GIFT__PS_SENT || ps->inflight > 0)
+            return 0;
+        if (ps->need_replay && w->pl[r->step & 1].state == GIFT__PL_PENDING &&
+            w->pl[r->step & 1].step == ps->step)
+            return 0;
+    }
+    ps->state = GIFT__PS_ASSEMBLING;
+    ps->step = r->step;
+    ps->need_replay = 0;
+    ps->npushed = 0;
+    memset(ps->sent, 0, w->nchunks);
+    memset(ps->acked, 0, w->nchunks);
+    if (fused)
+        memset(ps->pushed, 0, w->nmembers);
+add:
+    list_push(&ps->reqs, r);
+    if (!fused) {
+        encode_send(c, w, ps, r->in);
+        return 1;
+    }
+    memcpy(ps->asmb + m->off, r->in, m->n * sizeof(float));
+    ps->pushed[m->index] = 1;
+    if (++ps->npushed == w->nmembers)
+        encode_send(c, w, ps, ps->asmb);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Pull                                                                  */
+/* ------------------------------------------------------------------ */
+
+static int try_pull(gift_client_t *c, gift__req_t *r)
+{
+    gift__member_t *m = &c->mem[r->id];
+    gift__wire_t *w = &c->wires[m->wire];
+    gift__lstate_t *pl = &w->pl[r->step & 1];
+    int fused = w->nmembers > 1;
+
+    if (pl->state == GIFT__PL_PENDING) {
+        if (pl->step != r->step)
+            return 0;
+        list_push(&pl->reqs, r);
+        return 1;
+    }
+    if (fused && pl->state == GIFT__PL_READY && pl->step == r->step) {
+        memcpy(r->out, pl->mean + m->off, m->n * sizeof(float));
+        req_finish(c, r, 0);
+        return 1;
+    }
+    pl->state = GIFT__PL_PENDING;
+    pl->step = r->step;
+    pl->ngot = 0;
+    pl->err = 0;
+    pl->epoch_set = 0;
+    memset(pl->got, 0, w->nchunks);
+    memset(pl->sent, 0, w->nchunks);
+    pl->target = fused ? pl->mean : r->out;
+    list_push(&pl->reqs, r);
+    send_pull_chunks(c, w, pl);
+    return 1;
+}
+
+/* Every chunk of pl has arrived: T^-1, copy out, complete. */
+static void pull_complete(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
+{
+    gift__pstate_t *ps = &w->ps[pl->step & 1];
+    int rc = pl->err, fused = w->nmembers > 1;
+
+    if (rc == 0 && w->geometry) {
+        gift__geo_t *G = geo_by_epoch(w, pl->epoch);
+        if (G == NULL)
+            rc = GIFT_EEPOCH;
+        else if (!G->g.identity)
+            rc = gift_transform(&G->g, 1, pl->target, (int)w->rows, pl->target, w->work);
+    }
+    if (ps->state != GIFT__PS_IDLE && ps->step == pl->step)
+        ps->need_replay = 0;
+    pl->state = (rc == 0 && fused) ? GIFT__PL_READY : GIFT__PL_IDLE;
+    while (pl->reqs.head != NULL) {
+        gift__req_t *r = pl->reqs.head;
+        const gift__member_t *m = &c->mem[r->id];
+        list_remove(r);
+        if (rc == 0) {
+            if (fused)
+                memcpy(r->out, pl->mean + m->off, m->n * sizeof(float));
+            else if (r->out != pl->target)
+                memcpy(r->out, pl->target, w->n * sizeof(float));
+        }
+        req_finish(c, r, rc);
+    }
+    c->rescan = 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Sketch                                                                */
+/* ------------------------------------------------------------------ */
+
+static int try_sketch(gift_client_t *c, gift__req_t *r)
+{
+    gift__wire_t *w = wire_of(c, r);
+    gift__pstate_t *ps = &w->ps[r->step & 1];
+    gift__geo_t *G;
+    size_t need = (size_t)r->n * w->ks;
+    int rc;
+
+    if (!settled(w, r->step) || w->sk_inflight > 0)
+        return 0;
+    if (ps->state != GIFT__PS_IDLE && ps->step >= r->step) {
+        /* The step's push went first: the sketch would arrive after it. */
+        req_finish(c, r, GIFT_EINVAL);
+        return 1;
+    }
+    if ((G = geo_by_epoch(w, w->newest)) == NULL) {
+        req_finish(c, r, GIFT_EEPOCH);
+        return 1;
+    }
+    if (need > w->skw_cap) {
+        float *nw = realloc(w->skw, need * sizeof(float));
+        if (nw == NULL) {
+            req_finish(c, r, GIFT_ENOMEM);
+            return 1;
+        }
+        w->skw = nw;
+        w->skw_cap = need;
+    }
+    if ((rc = gift_sketch(r->in, (int)r->n, (int)w->cols, G->g.U, (int)w->ks, w->Y, &w->sk_trace,
+                          w->skw)) < 0) {
+        req_finish(c, r, rc);
+        return 1;
+    }
+    w->sk_epoch = w->newest;
+    w->sk_step = r->step;
+    w->sk_pending = 1;
+    w->sk_unsent = 1;
+    send_sketch(c, w);
+    req_finish(c, r, 0);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Member queues                                                         */
+/* ------------------------------------------------------------------ */
+
+/* Starts the requests at the head of m's queue while they can start. */
+static void fifo_run(gift_client_t *c, gift__member_t *m)
+{
+    gift__req_t *r;
+    while ((r = m->fifo.head) != NULL) {
+        int ok;
+        list_remove(r);
+        switch (r->kind) {
+        case GIFT__REQ_PUSH:
+            ok = try_push(c, r);
+            break;
+        case GIFT__REQ_PULL:
+            ok = try_pull(c, r);
+            break;
+        default:
+            ok = try_sketch(c, r);
+            break;
+        }
+        if (!ok) {
+            list_push_front(&m->fifo, r);
+            return;
+        }
+    }
+}
+
+static void rescan(gift_client_t *c)
+{
+    if (!c->io_declared) /* the caller may still be building the list */
+        return;
+    for (int round = 0; round < 8 && c->rescan; round++) {
+        c->rescan = 0;
+        for (size_t i = 0; i < c->nmem; i++)
+            if (c->mem[i].fifo.head != NULL)
+                fifo_run(c, &c->mem[i]);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Commands                                                              */
+/* ------------------------------------------------------------------ */
+
+static void check_cmds(gift_client_t *c)
+{
+    int all = 1, err = 0;
+    if (c->cmd_connect != NULL) {
+        for (uint32_t s = 0; s < c->nshards; s++) {
+            if (c->conns[s].err && !err)
+                err = c->conns[s].err;
+            if (c->conns[s].state != GIFT__CONN_READY)
+                all = 0;
+        }
+        if (err || all) {
+            gift__cmd_t *cmd = c->cmd_connect;
+            c->cmd_connect = NULL;
+            /* Handed to the caller with the command (under the mutex). */
+            c->max_frame = UINT64_MAX;
+            for (uint32_t s = 0; s < c->nshards; s++)
+                if (c->conns[s].max_frame && c->conns[s].max_frame < c->max_frame)
+                    c->max_frame = c->conns[s].max_frame;
+            gift__cmd_done(c, cmd, err);
+        }
+    }
+    if (c->cmd_declare != NULL) {
+        all = 1;
+        err = c->geo_err;
+        for (uint32_t s = 0; s < c->nshards; s++) {
+            if (c->conns[s].err && !err)
+                err = c->conns[s].err;
+            if (!c->conns[s].declared)
+                all = 0;
+        }
+        for (size_t i = 0; i < c->nwires; i++)
+            if (c->wires[i].geometry && !c->wires[i].have_geo)
+                all = 0;
+        if (err || all) {
+            gift__cmd_t *cmd = c->cmd_declare;
+            c->cmd_declare = NULL;
+            gift__cmd_done(c, cmd, err);
+        }
+    }
+}
+
+/* Closing: once no operation is in flight, fail what waits and stop. */
+static void check_close(gift_client_t *c)
+{
+    gift__cmd_t *cmd;
+    if (!c->closing || c->cmd_close == NULL || c->ops != NULL)
+        return;
+    for (size_t i = 0; c->io_declared && i < c->nmem; i++)
+        while (c->mem[i].fifo.head != NULL)
+            req_finish(c, c->mem[i].fifo.head, GIFT_ECLOSED);
+    if (c->cmd_connect) {
+        cmd = c->cmd_connect;
+        c->cmd_connect = NULL;
+        gift__cmd_done(c, cmd, GIFT_ECLOSED);
+    }
+    if (c->cmd_declare) {
+        cmd = c->cmd_declare;
+        c->cmd_declare = NULL;
+        gift__cmd_done(c, cmd, GIFT_ECLOSED);
+    }
+    cmd = c->cmd_close;
+    c->cmd_close = NULL;
+    gift__net_shutdown(c);
+    gift__cmd_done(c, cmd, 0);
+}
+
+void gift__eng_commands(gift_client_t *c)
+{
+    gift__cmd_t *cmd = gift__take_commands(c), *next;
+    for (; cmd != NULL; cmd = next) {
+        next = cmd->next;
+        switch (cmd->kind) {
+        case GIFT__CMD_OP: {
+            gift_op_t *op = cmd->op;
+            gift__member_t *m = &c->mem[op->req[0].id];
+            op->prev = NULL;
+            op->next = c->ops;
+            if (c->ops)
+                c->ops->prev = op;
+            c->ops = op;
+            for (int i = 0; i < op->nreq; i++) {
+                op->active[i] = 1;
+                list_push(&m->fifo, &op->req[i]);
+            }
+            if (c->closing) {
+                req_finish(c, &op->req[0], GIFT_ECLOSED);
+                break;
+            }
+            fifo_run(c, m);
+            break;
+        }
+        case GIFT__CMD_SKETCH: {
+            gift__member_t *m = &c->mem[cmd->req.id];
+            if (c->closing) {
+                gift__cmd_done(c, cmd, GIFT_ECLOSED);
+                break;
+            }
+            cmd->req.active = 1;
+            list_push(&m->fifo, &cmd->req);
+            fifo_run(c, m);
+            break;
+        }
+        case GIFT__CMD_CONNECT:
+            c->cmd_connect = cmd;
+            gift__net_connect_all(c);
+            break;
+        case GIFT__CMD_DECLARE:
+            c->io_declared = 1;
+            c->cmd_declare = cmd;
+            c->geo_err = 0;
+            for (size_t i = 0; i < c->nwires; i++)
+                if (c->wires[i].geometry) {
+                    c->wires[i].fetching = 1;
+                    c->wires[i].fetch_sent = 0;
+                }
+            for (uint32_t s = 0; s < c->nshards; s++)
+                if (c->conns[s].state == GIFT__CONN_READY)
+                    send_declare(c, s);
+            check_cmds(c);
+            break;
+        case GIFT__CMD_CLOSE:
+            c->closing = 1;
+            c->cmd_close = cmd;
+            check_close(c);
+            break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Connections                                                           */
+/* ------------------------------------------------------------------ */
+
+void gift__eng_conn_up(gift_client_t *c, uint32_t shard)
+{
+    c->conns[shard].err = 0;
+    c->conns[shard].state = GIFT__CONN_HELLO;
+    send_hello(c, shard);
+}
+
+/* Everything that was queued on the lost connection must go again. */
+void gift__eng_conn_down(gift_client_t *c, uint32_t shard)
+{
+    c->conns[shard].state = GIFT__CONN_DOWN;
+    if (c->conns[shard].ever_ready)
+        c->conns[shard].lost = 1;
+    for (size_t i = 0; c->io_declared && i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        for (uint32_t j = 0; j < w->nchunks; j++) {
+            if (chunk_of(c, w, j)->shard != shard)
+                continue;
+            w->ps[0].sent[j] = w->ps[1].sent[j] = 0;
+            w->pl[0].sent[j] = w->pl[1].sent[j] = 0;
+        }
+        if (w->geometry && owner_of(c, w) == shard) {
+            w->fetch_sent = 0;
+            if (w->sk_pending)
+                w->sk_unsent = 1;
+        }
+    }
+}
+
+void gift__eng_conn_failed(gift_client_t *c, uint32_t shard, int code)
+{
+    (void)c;
+    (void)shard;
+    (void)code;
+}
+
+/* A connection became ready (declared): geometry requests, then sketches,
+ * then pushes whose pull has not completed (oldest step first), then pulls. */
+static void resync(gift_client_t *c, uint32_t shard, int replay)
+{
+    for (size_t i = 0; i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        if (w->geometry && owner_of(c, w) == shard) {
+            send_geo_request(c, w);
+            send_sketch(c, w);
+        }
+    }
+    for (size_t i = 0; i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        int a = w->ps[0].step <= w->ps[1].step ? 0 : 1;
+        for (int k = 0; k < 2; k++) {
+            gift__pstate_t *ps = &w->ps[k ? !a : a];
+            if ((ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED) && ps->need_replay)
+                send_push_chunks(c, w, ps, shard, replay);
+        }
+    }
+    for (size_t i = 0; i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        for (int k = 0; k < 2; k++)
+            if (w->pl[k].state == GIFT__PL_PENDING)
+                send_pull_chunks(c, w, &w->pl[k]);
+    }
+}
+
+static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *a)
+{
+    gift__conn_t *cn = &c->conns[shard];
+    if (cn->state != GIFT__CONN_HELLO)
+        return GIFT_EPROTO;
+    if (a->protocol_version != GIFT_PROTOCOL_VERSION) {
+        cn->err = GIFT_EVERSION;
+    } else if (a->shard_id != shard || a->num_shards != c->nshards) {
+        fprintf(stderr, "giftclient: server %u of GIFT_SERVERS is shard %u of %u (want %u of %u)\n",
+                shard, a->shard_id, a->num_shards, shard, c->nshards);
+        cn->err = GIFT_EINVAL;
+    } else if (a->world_size != 0 && a->world_size != (uint32_t)c->world) {
+        cn->err = GIFT_EWORLD;
+    }
+    if (cn->err) {
+        check_cmds(c);
+        return cn->err;
+    }
+    cn->max_frame = a->max_frame_bytes;
+    gift__net_backoff_reset(c, shard);
+    if (c->io_declared) {
+        send_declare(c, shard);
+    } else {
+        cn->state = GIFT__CONN_READY;
+        if (cn->lost)
+            GIFT__STAT_ADD(c, reconnects, 1);
+        cn->lost = 0;
+        cn->ever_ready = 1;
+        check_cmds(c);
+    }
+    return 0;
+}
+
+static int on_declare_ack(gift_client_t *c, uint32_t shard)
+{
+    gift__conn_t *cn = &c->conns[shard];
+    int again = cn->lost;
+    if (cn->state != GIFT__CONN_DECLARING)
+        return GIFT_EPROTO;
+    cn->state = GIFT__CONN_READY;
+    cn->declared = 1;
+    if (again)
+        GIFT__STAT_ADD(c, reconnects, 1);
+    cn->lost = 0;
+    cn->ever_ready = 1;
+    resync(c, shard, again);
+    check_cmds(c);
+    c->rescan = 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Frames                                                                */
+/* ------------------------------------------------------------------ */
+
+static gift__wire_t *wire_key(gift_client_t *c, uint32_t key)
+{
+    return c->io_declared && key < c->nwires ? &c->wires[key] : NULL;
+}
+
+static void on_push_ack(gift_client_t *c, uint32_t shard, const Gift__PushAck *a)
+{
+    gift__wire_t *w = wire_key(c, a->key);
+    gift__pstate_t *ps;
+    if (w == NULL || a->chunk >= w->nchunks || chunk_of(c, w, a->chunk)->shard != shard)
+        return;
+    ps = &w->ps[a->step & 1];
+    if (ps->state != GIFT__PS_SENT || ps->step != a->step || ps->acked[a->chunk])
+        return;
+    ps->acked[a->chunk] = 1;
+    if (++ps->nacked == w->nchunks) {
+        ps->state = GIFT__PS_ACKED;
+        finish_all(c, &ps->reqs, 0);
+        c->rescan = 1;
+    }
+}
+
+static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullReply *m,
+                          const gift_frame_t *f)
+{
+    gift__wire_t *w = wire_key(c, m->key);
+    gift__lstate_t *pl;
+    gift__chunk_t *ch;
+    int rc;
+
+    if (w == NULL || m->chunk >= w->nchunks)
+        return;
+    ch = chunk_of(c, w, m->chunk);
+    if (ch->shard != shard)
+        return;
+    if (w->geometry && m->chunk == 0) {
+        /* Chunk 0's reply names the newest epoch: fetch it if it is new. The
+         * sketch round of sk_step is decided once its step has finished. */
+        if (m->latest_epoch > w->newest && !w->fetching) {
+            w->fetching = 1;
+            w->fetch_sent = 0;
+            send_geo_request(c, w);
+        }
+        if (w->sk_pending && m->step >= w->sk_step) {
+            w->sk_pending = 0;
+            c->rescan = 1;
+        }
+    }
+    pl = &w->pl[m->step & 1];
+    if (pl->state != GIFT__PL_PENDING || pl->step != m->step || pl->got[m->chunk])
+        return; /* late: the pull was abandoned or answered already */
+    if (f->payload_len != ch->pull_l.total || m->codec == NULL ||
+        (int)m->codec->format != (int)w->pull.fmt) {
+        rc = GIFT_ESHAPE;
+    } else if (w->geometry && pl->epoch_set && m->epoch != pl->epoch) {
+        rc = GIFT_EEPOCH;
+    } else {
+        rc = gift_decode(&w->pull, f->payload, (size_t)f->payload_len, ch->n, pl->target + ch->off);
+    }
+    if (!pl->epoch_set) {
+        pl->epoch = m->epoch;
+        pl->epoch_set = 1;
+    }
+    if (rc < 0 && pl->err == 0)
+        pl->err = rc;
+    pl->got[m->chunk] = 1;
+    if (++pl->ngot == w->nchunks)
+        pull_complete(c, w, pl);
+}
+
+static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_frame_t *f)
+{
+    gift__wire_t *w = wire_key(c, m->key);
+    gift__geo_t *slot = NULL;
+    size_t dks;
+    int rc;
+
+    if (w == NULL || !w->geometry)
+        return;
+    dks = (size_t)w->cols * w->ks;
+    w->fetching = 0;
+    w->fetch_sent = 0;
+    c->rescan = 1;
+    if (m->din != w->cols || m->rank != w->k || m->basis_cols != w->ks ||
+        f->payload_len != (dks + w->ks) * sizeof(float)) {
+        if (c->cmd_declare)
+            c->geo_err = GIFT_ESHAPE;
+        check_cmds(c);
+        return;
+    }
+    if (geo_by_epoch(w, m->epoch) != NULL) {
+        check_cmds(c);
+        return;
+    }
+    /* Replace a free slot, else the oldest epoch. */
+    for (int i = 0; i < GIFT__GEO_SLOTS; i++)
+        if (!w->geo[i].used) {
+            slot = &w->geo[i];
+            break;
+        }
+    if (slot == NULL) {
+        slot = &w->geo[0];
+        for (int i = 1; i < GIFT__GEO_SLOTS; i++)
+            if (w->geo[i].g.epoch < slot->g.epoch)
+                slot = &w->geo[i];
+    }
+    /* The payload need not be aligned: copy it into the slot, then load in place. */
+    slot->used = 0;
+    memcpy(slot->g.U, f->payload, dks * sizeof(float));
+    memcpy(slot->g.lambda, f->payload + dks * sizeof(float), w->ks * sizeof(float));
+    rc = gift_geometry_load(&slot->g, slot->g.U, slot->g.lambda, m->trace, m->sigma2, m->delta,
+                            m->epoch, m->identity);
+    if (rc < 0) {
+        if (c->cmd_declare)
+            c->geo_err = rc;
+        check_cmds(c);
+        return;
+    }
+    slot->valid_from = m->valid_from_step;
+    slot->used = 1;
+    if (!w->have_geo || m->epoch > w->newest)
+        w->newest = m->epoch;
+    w->have_geo = 1;
+    check_cmds(c);
+}
+
+static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
+{
+    int kind = (int)(e->seq >> 56), code = e->code < 0 ? e->code : GIFT_EIO;
+    gift__conn_t *cn = &c->conns[shard];
+    gift__wire_t *w = wire_key(c, e->key);
+
+    if (e->seq == 0) {
+        /* About the connection: Hello or Declare refused, or a fatal error. */
+        if (cn->state == GIFT__CONN_HELLO || cn->state == GIFT__CONN_DECLARING) {
+            cn->err = code;
+            check_cmds(c);
+        } else {
+            fprintf(stderr, "giftclient: shard %u: %s (%s)\n", shard, e->text ? e->text : "",
+                    gift_strerror(code));
+        }
+        return;
+    }
+    if (w == NULL)
+        return;
+    switch (kind) {
+    case GIFT__SEQ_PUSH: {
+        gift__pstate_t *ps = &w->ps[e->step & 1];
+        if (ps->step == e->step && (ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED))
+            fail_ps(c, ps, code);
+        break;
+    }
+    case GIFT__SEQ_PULL: {
+        gift__lstate_t *pl = &w->pl[e->step & 1];
+        if (pl->step == e->step && pl->state == GIFT__PL_PENDING)
+            fail_pl(c, pl, code);
+        break;
+    }
+    case GIFT__SEQ_SKETCH:
+        w->sk_err = code;
+        w->sk_pending = 0;
+        w->sk_unsent = 0;
+        c->rescan = 1;
+        break;
+    case GIFT__SEQ_GEO:
+        w->fetching = 0;
+        w->fetch_sent = 0;
+        if (c->cmd_declare)
+            c->geo_err = code;
+        check_cmds(c);
+        c->rescan = 1;
+        break;
+    default:
+        break;
+    }
+}
+
+int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
+{
+    const Gift__Envelope *env = f->env;
+    gift__conn_t *cn = &c->conns[shard];
+
+    if (env->msg_case != GIFT__ENVELOPE__MSG_PULL_REPLY &&
+        env->msg_case != GIFT__ENVELOPE__MSG_GEOMETRY && f->payload_len != 0)
+        return GIFT_EPROTO;
+    if (cn->state == GIFT__CONN_HELLO && env->msg_case != GIFT__ENVELOPE__MSG_HELLO_ACK &&
+        env->msg_case != GIFT__ENVELOPE__MSG_ERROR)
+        return GIFT_EPROTO;
+    switch (env->msg_case) {
+    case GIFT__ENVELOPE__MSG_HELLO_ACK:
+        return on_hello_ack(c, shard, env->hello_ack);
+    case GIFT__ENVELOPE__MSG_DECLARE_ACK:
+        return on_declare_ack(c, shard);
+    case GIFT__ENVELOPE__MSG_PUSH_ACK:
+        on_push_ack(c, shard, env->push_ack);
+        return 0;
+    case GIFT__ENVELOPE__MSG_PULL_REPLY:
+        on_pull_reply(c, shard, env->pull_reply, f);
+        return 0;
+    case GIFT__ENVELOPE__MSG_SKETCH_ACK:
+    case GIFT__ENVELOPE__MSG_STATS:
+        return 0;
+    case GIFT__ENVELOPE__MSG_GEOMETRY:
+        on_geometry(c, env->geometry, f);
+        return 0;
+    case GIFT__ENVELOPE__MSG_ERROR:
+        on_error(c, shard, env->error);
+        return 0;
+    default:
+        return GIFT_EPROTO;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Time                                                                  */
+/* ------------------------------------------------------------------ */
+
+void gift__eng_tick(gift_client_t *c)
+{
+    uint64_t now = gift__now_ns();
+    gift_op_t *op;
+
+    /* Each pass completes (and unlinks) one expired operation. */
+    for (;;) {
+        for (op = c->ops; op != NULL && now < op->deadline_ns; op = op->next)
+            ;
+        if (op == NULL)
+            break;
+        for (int i = 0; i < op->nreq; i++)
+            if (op->active[i]) {
+                req_finish(c, &op->req[i], GIFT_ETIMEDOUT); /* fails the other half too */
+                break;
+            }
+    }
+    for (size_t i = 0; c->io_declared && i < c->nmem; i++)
+        for (gift__req_t *r = c->mem[i].fifo.head, *rn; r != NULL; r = rn) {
+            rn = r->next;
+            if (r->kind == GIFT__REQ_SKETCH && now >= r->cmd->deadline_ns)
+                req_finish(c, r, GIFT_ETIMEDOUT);
+        }
+    if (c->cmd_connect && now >= c->cmd_connect->deadline_ns) {
+        gift__cmd_t *cmd = c->cmd_connect;
+        int err = 0;
+        c->cmd_connect = NULL;
+        for (uint32_t s = 0; s < c->nshards && !err; s++)
+            err = c->conns[s].err;
+        gift__cmd_done(c, cmd, err ? err : GIFT_ETIMEDOUT);
+    }
+    if (c->cmd_declare && now >= c->cmd_declare->deadline_ns) {
+        gift__cmd_t *cmd = c->cmd_declare;
+        c->cmd_declare = NULL;
+        gift__cmd_done(c, cmd, GIFT_ETIMEDOUT);
+    }
+    rescan(c);
+    check_close(c);
+}
+
+void gift__eng_turn_end(gift_client_t *c)
+{
+    rescan(c);
+    check_close(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Teardown                                                              */
+/* ------------------------------------------------------------------ */
+
+void gift__eng_free_wires(gift_client_t *c)
+{
+    if (c->wires == NULL)
+        return;
+    for (size_t i = 0; i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        for (int j = 0; j < 2; j++) {
+            free(w->ps[j].payload);
+            free(w->ps[j].acked);
+            free(w->ps[j].sent);
+            free(w->ps[j].pushed);
+            free(w->ps[j].asmb);
+            free(w->pl[j].got);
+            free(w->pl[j].sent);
+            free(w->pl[j].mean);
+        }
+        free(w->p);
+        free(w->work);
+        free(w->Y);
+        free(w->skw);
+        gift_ef_free(&w->ef);
+        for (int s = 0; s < GIFT__GEO_SLOTS; s++)
+            gift_geometry_free(&w->geo[s].g);
+        free(w->members);
+        free(w->name);
+    }
+    free(c->wires);
+    c->wires = NULL;
+}

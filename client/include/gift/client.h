@@ -1,0 +1,177 @@
+/*
+ * gift/client.h: libgiftclient, the worker side of giftd.
+ *
+ * A worker opens one client, declares every tensor it will exchange (the
+ * same list, in the same order, on every rank), then per training step
+ * pushes each gradient and pulls the average back. The library splits each
+ * tensor into chunks of whole rows, places the chunks on the shards (the
+ * same placement on every worker, computed from the declared list), applies
+ * the GIFT transform before encoding and its inverse after decoding, keeps
+ * error-feedback residuals, and talks to the shards from one I/O thread.
+ *
+ * Threads: every function may be called from any thread, but calls on one
+ * client are serialised by the caller (one training thread per client is
+ * the intended use). The I/O thread owns the sockets and a libuv loop of its
+ * own; the calling thread only hands operations over and waits. Completion
+ * callbacks run on the I/O thread: they must be short and must not call
+ * back into the client, except gift_op_test and gift_op_free.
+ *
+ * Memory: gradient and output buffers passed to push/pull stay owned by the
+ * caller and must stay valid and unchanged until the operation completes.
+ * Per-tensor buffers are allocated at declaration and reused every step.
+ *
+ * Errors: functions return 0 or a negative code of gift_error.h;
+ * gift_strerror names each one. An operation that cannot complete within
+ * its timeout fails with GIFT_ETIMEDOUT instead of hanging.
+ *
+ * Versioning: the header and the library follow semantic versioning; the
+ * SONAME carries the major version. Structs passed in carry their own size
+ * in the first field so that fields can be added compatibly.
+ */
+#ifndef GIFT_CLIENT_H
+#define GIFT_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gift_error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GIFT_CLIENT_VERSION_MAJOR 0
+#define GIFT_CLIENT_VERSION_MINOR 1
+#define GIFT_CLIENT_VERSION_PATCH 0
+
+/* The library's version, "MAJOR.MINOR.PATCH". */
+const char *gift_version(void);
+
+typedef struct gift_client gift_client_t;
+typedef struct gift_op gift_op_t;
+
+/* Wire formats for pushes and pulls (the same values as gift_format_t). */
+typedef enum gift_codec {
+    GIFT_CODEC_F32 = 0,
+    GIFT_CODEC_BF16 = 1,
+    GIFT_CODEC_FP8_E4M3 = 2,
+    GIFT_CODEC_FP8_E5M2 = 3,
+    GIFT_CODEC_NVFP4 = 4
+} gift_codec_t;
+
+/* Options of gift_client_open. Zero means "default" for every field;
+ * initialise with GIFT_CLIENT_OPTS_INIT. */
+typedef struct gift_client_opts {
+    size_t size;               /* sizeof(gift_client_opts_t) */
+    const char *servers;       /* "host:port,host:port,..." in shard order; NULL: $GIFT_SERVERS */
+    int rank;                  /* -1: $GIFT_RANK, else $RANK */
+    int world_size;            /* 0: $GIFT_WORLD, else $WORLD_SIZE */
+    uint64_t chunk_bytes;      /* largest chunk in FP32 bytes; 0: 4 MiB */
+    uint32_t timeout_ms;       /* per operation; 0: 60000 */
+    uint32_t connect_timeout_ms; /* giving up on reaching a shard; 0: 30000 */
+    uint32_t backoff_max_ms;   /* reconnect backoff cap; 0: 2000 */
+    uint64_t seed;             /* stochastic rounding and epoch-0 bases; 0: 1 */
+    const char *name;          /* shown in the shards' logs; NULL: "gift-<pid>" */
+} gift_client_opts_t;
+
+#define GIFT_CLIENT_OPTS_INIT {sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL}
+
+/* Opens a client: reads what opts leaves unset from the environment, starts
+ * the I/O thread and connects to every shard (Hello). Returns 0 and *out, or
+ * GIFT_EINVAL (bad or missing servers/rank/world), GIFT_ETIMEDOUT (a shard
+ * could not be reached within connect_timeout_ms), GIFT_EWORLD, GIFT_ENOMEM.
+ * On error *out is NULL and nothing is left running. */
+int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out);
+
+/* Closes the client: waits for operations in flight (up to their timeout),
+ * stops the I/O thread, frees everything. NULL is allowed. */
+void gift_client_close(gift_client_t *c);
+
+/* One tensor. Initialise with GIFT_TENSOR_INIT. */
+typedef struct gift_tensor_desc {
+    size_t size;           /* sizeof(gift_tensor_desc_t) */
+    const char *name;
+    uint32_t rows, cols;   /* a 1-D tensor is 1 x n */
+    gift_codec_t push_codec;
+    gift_codec_t pull_codec;
+    uint32_t fp8_block;    /* 0: 128 */
+    int geometry;          /* 1: GIFT transform (2-D weights); 0: Euclidean */
+    uint32_t rank;         /* transform rank k; 0: the default policy */
+    uint32_t refresh;      /* sketch every `refresh` steps; 0: 50 */
+    int error_feedback;    /* keep the residual of the push encoding */
+    int stochastic;        /* stochastic rounding for pushes */
+    int priority;          /* larger goes first; 0: declaration order (see below) */
+} gift_tensor_desc_t;
+
+#define GIFT_TENSOR_INIT {sizeof(gift_tensor_desc_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* Declares the whole tensor list at once (every rank the same list in the
+ * same order), computes the chunks and their placement, allocates every
+ * per-tensor buffer, and declares the chunks to the shards. Tensor i gets
+ * the id i. Priorities default to the order a backward pass produces
+ * gradients: later-declared tensors are pushed first and pulled last.
+ * Returns 0, GIFT_EINVAL, GIFT_EDIGEST (a shard holds a different list),
+ * GIFT_ETIMEDOUT, GIFT_ENOMEM. Call once per client. */
+int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n);
+
+/* Completion callback: status is 0 or a negative code. Runs on the I/O
+ * thread. */
+typedef void (*gift_op_cb)(gift_op_t *op, int status, void *arg);
+
+/* Starts pushing tensor id's gradient (rows x cols floats, row-major) for
+ * step. Steps start anywhere but advance by one. Returns 0 and *op, or a
+ * negative code (nothing was started). *op completes when every chunk is
+ * acknowledged. cb may be NULL.
+ *
+ * Small Euclidean tensors (geometry off, under 64 KiB of FP32) are fused,
+ * in declaration order and per (codecs, fp8 block, error feedback,
+ * stochastic, priority), into buckets that travel as one tensor: such a
+ * push is sent, and completes, once every tensor of its bucket has been
+ * pushed for that step. Start all of a step's pushes before waiting on any
+ * of them (gift_push_pull for each tensor, then wait). */
+int gift_push(gift_client_t *c, uint32_t id, uint64_t step, const float *grad, gift_op_cb cb,
+              void *arg, gift_op_t **op);
+
+/* Starts pulling the mean of tensor id for step into out (rows x cols
+ * floats), mapped back to Euclidean coordinates. Completes when every chunk
+ * has arrived and been decoded. */
+int gift_pull(gift_client_t *c, uint32_t id, uint64_t step, float *out, gift_op_cb cb, void *arg,
+              gift_op_t **op);
+
+/* Push then pull the same step: the usual call. grad and out may be the
+ * same buffer. */
+int gift_push_pull(gift_client_t *c, uint32_t id, uint64_t step, const float *grad, float *out,
+                   gift_op_cb cb, void *arg, gift_op_t **op);
+
+/* Submits the layer inputs X (n x cols floats, row-major) of a geometry
+ * tensor for the refresh step `step` (a multiple of the tensor's refresh).
+ * The client computes the sketch X^T (X Q) / n against the current basis
+ * and sends it before that step's push. Call before gift_push for the step;
+ * X is no longer needed when the call returns. The epoch built from every
+ * worker's sketch is announced in the reply to that step's pull, so the
+ * tensor's pushes of later steps wait until the step has been pulled.
+ * Returns 0, GIFT_EINVAL (not a geometry tensor, not a refresh step, wrong
+ * shape, or the step's push already started), GIFT_ENONFINITE (X holds
+ * NaN/Inf), GIFT_ETIMEDOUT. */
+int gift_sketch_inputs(gift_client_t *c, uint32_t id, uint64_t step, const float *X, uint32_t n);
+
+/* Waits for op (up to the client's timeout). Returns its status. */
+int gift_op_wait(gift_op_t *op);
+/* Returns 1 when op has completed (its status in *status), else 0. */
+int gift_op_test(gift_op_t *op, int *status);
+/* Frees a completed operation (waits first if it has not completed). */
+void gift_op_free(gift_op_t *op);
+
+/* Counters of this client (for tests and benchmarks). */
+typedef struct gift_client_stats {
+    uint64_t frames_out, frames_in;
+    uint64_t bytes_out, bytes_in;   /* wire bytes, headers included */
+    uint64_t reconnects, replays;
+    uint32_t epochs_switched;
+} gift_client_stats_t;
+void gift_client_stats(gift_client_t *c, gift_client_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,499 @@
+/*
+ * net.c: the only file of libgiftclient that knows libuv. The I/O thread and
+ * its loop, one connection per shard with capped exponential backoff, the
+ * zero-copy read path into each connection's frame reader, and the write
+ * queue.
+ *
+ * Writes: frames queued during a loop turn are collected per connection
+ * (heads packed into one buffer, payloads referenced, not copied) and go out
+ * at the end of the turn (a uv_check handle) in ONE uv_write, sorted by
+ * priority (stable). One write is in flight per connection; what is queued
+ * meanwhile waits for the next turn. A payload's owner counts the frames
+ * that reference it (*inflight) until their write is done or dropped.
+ *
+ * A connection is never freed inside its own callbacks: dropping closes the
+ * handle and the close callback releases its buffers and starts the backoff
+ * timer that reconnects.
+ */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "client_internal.h"
+
+#define TICK_MS 10
+
+typedef struct out_item {
+    size_t head_off, head_len;
+    const uint8_t *payload;
+    size_t len;
+    int *inflight;
+    int64_t prio;
+    size_t order;
+} out_item_t;
+
+typedef struct out_batch {
+    uint8_t *heads;
+    size_t heads_len, heads_cap;
+    out_item_t *items;
+    size_t nitems, items_cap;
+    uv_buf_t *bufs;
+    size_t bufs_cap;
+} out_batch_t;
+
+typedef struct uconn {
+    gift__net_t *net;
+    uint32_t shard;
+    uv_tcp_t tcp;
+    uv_connect_t creq;
+    uv_write_t wreq;
+    uv_timer_t timer; /* backoff */
+    gift_reader_t *reader;
+    out_batch_t q[2]; /* q[cur] collects, q[!cur] is being written */
+    int cur, writing;
+    int tcp_active; /* tcp initialised and its close callback not yet run */
+    int connected;  /* established and not being dropped */
+    uint32_t backoff_ms;
+} uconn_t;
+
+struct gift__net {
+    gift_client_t *c;
+    uv_loop_t loop;
+    uv_async_t async;
+    uv_check_t check;
+    uv_timer_t tick;
+    uconn_t *conns;
+    gift_limits_t limits;
+    int stopping;
+};
+
+uint64_t gift__now_ns(void)
+{
+    return uv_hrtime();
+}
+
+/* ------------------------------------------------------------------ */
+/* Write queue                                                           */
+/* ------------------------------------------------------------------ */
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    size_t ncap = *cap ? *cap : 16;
+    void *np;
+    if (need <= *cap)
+        return 0;
+    while (ncap < need)
+        ncap *= 2;
+    if ((np = realloc(*p, ncap * elem)) == NULL)
+        return GIFT_ENOMEM;
+    *p = np;
+    *cap = ncap;
+    return 0;
+}
+
+static void batch_release(gift_client_t *c, out_batch_t *b)
+{
+    for (size_t i = 0; i < b->nitems; i++)
+        if (b->items[i].inflight != NULL) {
+            (*b->items[i].inflight)--;
+            c->rescan = 1;
+        }
+    b->nitems = 0;
+    b->heads_len = 0;
+}
+
+static void batch_free(out_batch_t *b)
+{
+    free(b->heads);
+    free(b->items);
+    free(b->bufs);
+    memset(b, 0, sizeof *b);
+}
+
+static int item_cmp(const void *a, const void *b)
+{
+    const out_item_t *x = a, *y = b;
+    if (x->prio != y->prio)
+        return x->prio > y->prio ? -1 : 1;
+    return x->order < y->order ? -1 : (x->order > y->order);
+}
+
+static void drop(uconn_t *u);
+static void on_write(uv_write_t *req, int status);
+
+/* Writes everything collected, in priority order, if no write is in flight. */
+static void flush(uconn_t *u)
+{
+    out_batch_t *b = &u->q[u->cur];
+    size_t nb = 0;
+    int rc;
+
+    if (u->writing || !u->connected || b->nitems == 0)
+        return;
+    if (grow((void **)&b->bufs, &b->bufs_cap, 2 * b->nitems, sizeof(uv_buf_t)) < 0) {
+        drop(u);
+        return;
+    }
+    qsort(b->items, b->nitems, sizeof *b->items, item_cmp);
+    for (size_t i = 0; i < b->nitems; i++) {
+        out_item_t *it = &b->items[i];
+        b->bufs[nb++] = uv_buf_init((char *)b->heads + it->head_off, (unsigned)it->head_len);
+        if (it->len > 0)
+            b->bufs[nb++] = uv_buf_init((char *)it->payload, (unsigned)it->len);
+    }
+    u->wreq.data = u;
+    if ((rc = uv_write(&u->wreq, (uv_stream_t *)&u->tcp, b->bufs, (unsigned)nb, on_write)) < 0) {
+        drop(u);
+        return;
+    }
+    u->writing = 1;
+    u->cur = !u->cur;
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+    uconn_t *u = req->data;
+    u->writing = 0;
+    batch_release(u->net->c, &u->q[!u->cur]);
+    if (status < 0)
+        drop(u);
+}
+
+static int queue_item(uconn_t *u, size_t head_len, const void *payload, size_t len, int64_t prio,
+                      int *inflight, uint8_t **head)
+{
+    out_batch_t *b = &u->q[u->cur];
+    out_item_t *it;
+    if (!u->connected)
+        return GIFT_ECLOSED;
+    if (grow((void **)&b->heads, &b->heads_cap, b->heads_len + head_len, 1) < 0 ||
+        grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(out_item_t)) < 0)
+        return GIFT_ENOMEM;
+    it = &b->items[b->nitems];
+    it->head_off = b->heads_len;
+    it->head_len = head_len;
+    it->payload = payload;
+    it->len = payload ? len : 0;
+    it->inflight = inflight;
+    it->prio = prio;
+    it->order = b->nitems;
+    *head = b->heads + b->heads_len;
+    return 0;
+}
+
+static void queue_commit(gift_client_t *c, uconn_t *u, size_t head_len)
+{
+    out_batch_t *b = &u->q[u->cur];
+    out_item_t *it = &b->items[b->nitems++];
+    b->heads_len += head_len;
+    if (it->inflight)
+        (*it->inflight)++;
+    GIFT__STAT_ADD(c, frames_out, 1);
+    GIFT__STAT_ADD(c, bytes_out, head_len + it->len);
+}
+
+int gift__net_queue(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
+                    const void *payload, size_t len, int64_t prio, int *inflight)
+{
+    uconn_t *u = &c->net->conns[shard];
+    size_t hl = gift_frame_head_size(env);
+    uint8_t *head;
+    long n;
+    int rc;
+    if ((rc = queue_item(u, hl, payload, len, prio, inflight, &head)) < 0)
+        return rc;
+    if ((n = gift_frame_pack_head(env, payload ? len : 0, head, hl)) < 0)
+        return (int)n;
+    queue_commit(c, u, (size_t)n);
+    return 0;
+}
+
+int gift__net_queue_raw(gift_client_t *c, uint32_t shard, const uint8_t *head, size_t head_len,
+                        int64_t prio)
+{
+    uconn_t *u = &c->net->conns[shard];
+    uint8_t *h;
+    int rc;
+    if ((rc = queue_item(u, head_len, NULL, 0, prio, NULL, &h)) < 0)
+        return rc;
+    memcpy(h, head, head_len);
+    queue_commit(c, u, head_len);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Connections                                                           */
+/* ------------------------------------------------------------------ */
+
+static void start_connect(uconn_t *u);
+
+static void on_backoff(uv_timer_t *t)
+{
+    uconn_t *u = t->data;
+    if (!u->net->stopping)
+        start_connect(u);
+}
+
+static void on_tcp_closed(uv_handle_t *h)
+{
+    uconn_t *u = h->data;
+    gift__net_t *net = u->net;
+    u->tcp_active = 0;
+    u->writing = 0;
+    batch_release(net->c, &u->q[0]);
+    batch_release(net->c, &u->q[1]);
+    gift_reader_free(u->reader);
+    u->reader = NULL;
+    if (net->stopping)
+        return;
+    uv_timer_start(&u->timer, on_backoff, u->backoff_ms, 0);
+    u->backoff_ms *= 2;
+    if (u->backoff_ms > net->c->backoff_max_ms)
+        u->backoff_ms = net->c->backoff_max_ms;
+}
+
+/* Closes the connection (if any); the close callback schedules a reconnect. */
+static void drop(uconn_t *u)
+{
+    int was = u->connected;
+    if (!u->tcp_active || uv_is_closing((uv_handle_t *)&u->tcp))
+        return;
+    u->connected = 0;
+    uv_read_stop((uv_stream_t *)&u->tcp);
+    uv_close((uv_handle_t *)&u->tcp, on_tcp_closed);
+    if (was)
+        gift__eng_conn_down(u->net->c, u->shard);
+}
+
+void gift__net_drop(gift_client_t *c, uint32_t shard)
+{
+    drop(&c->net->conns[shard]);
+}
+
+void gift__net_backoff_reset(gift_client_t *c, uint32_t shard)
+{
+    c->net->conns[shard].backoff_ms = GIFT__BACKOFF_MIN_MS;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    uconn_t *u = h->data;
+    uint8_t *p = NULL;
+    size_t avail = 0;
+    if (u->reader == NULL ||
+        gift_reader_reserve(u->reader, suggested < 65536 ? 65536 : suggested, &p, &avail) < 0) {
+        *buf = uv_buf_init(NULL, 0);
+        return;
+    }
+    *buf = uv_buf_init((char *)p, (unsigned)(avail > (1u << 30) ? (1u << 30) : avail));
+}
+
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+    uconn_t *u = st->data;
+    gift_client_t *c = u->net->c;
+    gift_frame_t f;
+    int rc;
+
+    (void)buf;
+    if (n < 0) {
+        /* EOF, a read error, or UV_ENOBUFS (a broken stream the reader refused). */
+        drop(u);
+        return;
+    }
+    if (n == 0)
+        return;
+    gift_reader_commit(u->reader, (size_t)n);
+    while (u->connected && (rc = gift_reader_next(u->reader, &f)) != 0) {
+        if (rc < 0) {
+            fprintf(stderr, "giftclient: shard %u sent a broken stream: %s\n", u->shard,
+                    gift_strerror(rc));
+            drop(u);
+            return;
+        }
+        GIFT__STAT_ADD(c, frames_in, 1);
+        GIFT__STAT_ADD(c, bytes_in,
+                       GIFT_PREAMBLE_BYTES + gift__envelope__get_packed_size(f.env) +
+                           f.payload_len);
+        if (gift__eng_frame(c, u->shard, &f) < 0) {
+            drop(u);
+            return;
+        }
+    }
+}
+
+static void on_connect(uv_connect_t *req, int status)
+{
+    uconn_t *u = req->data;
+    gift__net_t *net = u->net;
+    if (status == UV_ECANCELED || net->stopping || uv_is_closing((uv_handle_t *)&u->tcp))
+        return;
+    if (status < 0) {
+        gift__eng_conn_failed(net->c, u->shard, GIFT_EIO);
+        uv_close((uv_handle_t *)&u->tcp, on_tcp_closed);
+        return;
+    }
+    uv_tcp_nodelay(&u->tcp, 1);
+    if ((u->reader = gift_reader_new(&net->limits)) == NULL ||
+        uv_read_start((uv_stream_t *)&u->tcp, on_alloc, on_read) < 0) {
+        uv_close((uv_handle_t *)&u->tcp, on_tcp_closed);
+        return;
+    }
+    u->connected = 1;
+    u->cur = 0;
+    gift__eng_conn_up(net->c, u->shard);
+}
+
+static void start_connect(uconn_t *u)
+{
+    gift__net_t *net = u->net;
+    int rc;
+    if (u->tcp_active)
+        return;
+    uv_tcp_init(&net->loop, &u->tcp);
+    u->tcp.data = u;
+    u->tcp_active = 1;
+    u->creq.data = u;
+    rc = uv_tcp_connect(&u->creq, &u->tcp, (const struct sockaddr *)&net->c->addrs[u->shard],
+                        on_connect);
+    if (rc < 0)
+        uv_close((uv_handle_t *)&u->tcp, on_tcp_closed);
+}
+
+void gift__net_connect_all(gift_client_t *c)
+{
+    for (uint32_t s = 0; s < c->nshards; s++)
+        start_connect(&c->net->conns[s]);
+}
+
+/* ------------------------------------------------------------------ */
+/* The loop                                                              */
+/* ------------------------------------------------------------------ */
+
+static void on_async(uv_async_t *a)
+{
+    gift__net_t *net = a->data;
+    gift__eng_commands(net->c);
+}
+
+/* The end of every loop turn: start what became possible, then write. */
+static void on_check(uv_check_t *h)
+{
+    gift__net_t *net = h->data;
+    gift__eng_turn_end(net->c);
+    if (net->stopping)
+        return;
+    for (uint32_t s = 0; s < net->c->nshards; s++)
+        flush(&net->conns[s]);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    gift__net_t *net = t->data;
+    gift__eng_tick(net->c);
+}
+
+static void *thread_main(void *arg)
+{
+    gift__net_t *net = arg;
+    uv_run(&net->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static void on_closed_noop(uv_handle_t *h)
+{
+    (void)h;
+}
+
+void gift__net_shutdown(gift_client_t *c)
+{
+    gift__net_t *net = c->net;
+    if (net->stopping)
+        return;
+    net->stopping = 1;
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        uconn_t *u = &net->conns[s];
+        uv_timer_stop(&u->timer);
+        uv_close((uv_handle_t *)&u->timer, on_closed_noop);
+        u->connected = 0;
+        if (u->tcp_active && !uv_is_closing((uv_handle_t *)&u->tcp))
+            uv_close((uv_handle_t *)&u->tcp, on_tcp_closed);
+    }
+    uv_close((uv_handle_t *)&net->async, on_closed_noop);
+    uv_close((uv_handle_t *)&net->check, on_closed_noop);
+    uv_close((uv_handle_t *)&net->tick, on_closed_noop);
+}
+
+int gift__net_start(gift_client_t *c)
+{
+    gift__net_t *net = calloc(1, sizeof *net);
+    if (net == NULL || (net->conns = calloc(c->nshards, sizeof *net->conns)) == NULL) {
+        free(net);
+        return GIFT_ENOMEM;
+    }
+    net->c = c;
+    /* Replies may be large (a whole chunk of FP32); headers are small. */
+    net->limits.max_header_bytes = 1u << 20;
+    net->limits.max_frame_bytes = 1ull << 32;
+    if (uv_loop_init(&net->loop) < 0) {
+        free(net->conns);
+        free(net);
+        return GIFT_EIO;
+    }
+    uv_async_init(&net->loop, &net->async, on_async);
+    net->async.data = net;
+    uv_check_init(&net->loop, &net->check);
+    net->check.data = net;
+    uv_check_start(&net->check, on_check);
+    uv_timer_init(&net->loop, &net->tick);
+    net->tick.data = net;
+    uv_timer_start(&net->tick, on_tick, TICK_MS, TICK_MS);
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        uconn_t *u = &net->conns[s];
+        u->net = net;
+        u->shard = s;
+        u->backoff_ms = GIFT__BACKOFF_MIN_MS;
+        uv_timer_init(&net->loop, &u->timer);
+        u->timer.data = u;
+    }
+    c->net = net;
+    if (pthread_create(&c->thread, NULL, thread_main, net) != 0) {
+        gift__net_shutdown(c);
+        uv_run(&net->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&net->loop);
+        free(net->conns);
+        free(net);
+        c->net = NULL;
+        return GIFT_ENOMEM;
+    }
+    c->thread_started = 1;
+    return 0;
+}
+
+void gift__net_wake(gift_client_t *c)
+{
+    uv_async_send(&c->net->async);
+}
+
+void gift__net_join(gift_client_t *c)
+{
+    gift__net_t *net = c->net;
+    if (!c->thread_started)
+        return;
+    pthread_join(c->thread, NULL);
+    c->thread_started = 0;
+    if (uv_loop_close(&net->loop) != 0)
+        fprintf(stderr, "giftclient: the event loop still held handles at close\n");
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        batch_free(&net->conns[s].q[0]);
+        batch_free(&net->conns[s].q[1]);
+    }
+    free(net->conns);
+    free(net);
+    c->net = NULL;
+}
