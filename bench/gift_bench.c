@@ -13,6 +13,9 @@
 
 #include "gift_codec.h"
 
+/* bench_cluster.c (its prototype lives here, not in bench_common.h). */
+int bench_cluster_main(int argc, char **argv);
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -24,6 +27,8 @@ static void usage(FILE *f)
             "            against single-core memcpy\n"
             "  fidelity  error of the averaged gradient of one simulated step (W workers,\n"
             "            one layer) for fp8-e4m3 and nvfp4, Euclidean and GIFT at several ranks\n"
+            "  cluster   end-to-end giftd throughput on loopback: S shards, W workers, every\n"
+            "            codec, against a raw-TCP baseline\n"
             "\n"
             "Every subcommand prints a markdown table to stdout and writes JSON\n"
             "(default %s/<subcommand>.json, relative to the current directory).\n"
@@ -73,6 +78,8 @@ int main(int argc, char **argv)
         return bench_codec_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "fidelity") == 0)
         return bench_fidelity_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "cluster") == 0)
+        return bench_cluster_main(argc - 1, argv + 1);
     fprintf(stderr, "gift-bench: unknown subcommand '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

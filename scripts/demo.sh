@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the codec benchmark and the
-# fidelity benchmark on a synthetic layer, printing both tables.
-# JSON copies land in bench/out/.
+# Installs what is missing, builds, prints the codec and fidelity tables,
+# then starts a local 2-shard giftd cluster on loopback and runs the cluster
+# benchmark (workers through libgiftclient) against it. JSON copies land in
+# bench/out/. The cluster is stopped on the way out, whatever happens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/deps.sh
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
-cmake --build build -j "${GIFT_JOBS:-2}" --target gift-bench
+cmake --build build -j "${GIFT_JOBS:-2}" --target gift-bench giftd
 
 mkdir -p bench/out
 echo "== gift-bench codec"
@@ -16,3 +17,30 @@ build/bench/gift-bench codec --mib 32 --repeats 5 --json bench/out/codec.json
 echo
 echo "== gift-bench fidelity (synthetic layer)"
 build/bench/gift-bench fidelity --json bench/out/fidelity.json
+echo
+
+# A 2-shard cluster on 127.0.0.1, free ports, logs under bench/out/.
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+servers=""
+for i in 0 1; do
+  ready="bench/out/giftd-$i.ready"
+  : >"$ready"
+  build/server/giftd --port 0 --http-port 0 --shard-id "$i" --num-shards 2 \
+    >"$ready" 2>"bench/out/giftd-$i.log" &
+  pids+=("$!")
+  for _ in $(seq 1 100); do
+    grep -q '^giftd ready' "$ready" && break
+    sleep 0.1
+  done
+  port=$(sed -n 's/^giftd ready port=\([0-9]*\).*/\1/p' "$ready")
+  [ -n "$port" ] || { echo "shard $i did not start; see bench/out/giftd-$i.log"; exit 1; }
+  servers="${servers:+$servers,}127.0.0.1:$port"
+done
+echo "== gift-bench cluster (2 shards on $servers, 2 workers)"
+build/bench/gift-bench cluster --servers "$servers" --workers 2 --list llama \
+  --json bench/out/cluster.json
