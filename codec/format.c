@@ -603,6 +603,86 @@ int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *pa
     }
 }
 
+/* Scales a slice into dst: dst[i] = x[i] * scale + 0.0f (the + 0 turns a -0
+ * into +0, so the result equals a sum that started from +0). */
+static void scale_slice(const float *x, size_t n, float scale, float *dst)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = x[i] * scale + 0.0f;
+}
+
+#define MEAN_SLICE 4096 /* elements per cache-resident slice of gift_encode_mean */
+
+int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, float scale,
+                     void *payload, size_t cap)
+{
+    _Alignas(64) float tmp[MEAN_SLICE];
+    float *buf = tmp;
+    gift_layout_t l;
+    const gift__kernels_t *k = kernels();
+    uint8_t *out = payload;
+    size_t slice = MEAN_SLICE;
+    int rc = 0;
+
+    if (p == NULL || (x == NULL && n > 0) || payload == NULL || p->stochastic ||
+        !(scale > 0.0f) || scale > FLT_MAX)
+        return GIFT_EINVAL;
+    if ((rc = gift_layout(p, n, &l)) < 0)
+        return rc;
+    if (cap < l.total)
+        return GIFT_ENOSPC;
+    memset(out + l.scale_bytes, 0, l.code_off - l.scale_bytes);
+    memset(out + l.code_off + l.code_bytes, 0, l.total - l.code_off - l.code_bytes);
+    if ((p->fmt == GIFT_FMT_E4M3 || p->fmt == GIFT_FMT_E5M2) && l.block > MEAN_SLICE) {
+        /* Blocks larger than the stack slice (rare): one slice per block. */
+        slice = l.block;
+        if ((buf = malloc(slice * sizeof(float))) == NULL)
+            return GIFT_ENOMEM;
+    }
+    if (p->fmt == GIFT_FMT_NVFP4) {
+        /* The tensor scale: the largest scaled magnitude is the scaled
+         * largest magnitude, since rounding x * scale is monotone. */
+        uint32_t mb = k->amax_bits(x, n);
+        float s_t;
+        if (mb >= 0x7F800000u)
+            return GIFT_ENONFINITE;
+        s_t = (gift__u2f(mb) * scale + 0.0f) / (GIFT_E2M1_MAX * GIFT_E4M3_MAX);
+        if (!(s_t >= FLT_MIN)) {
+            memset(out, 0, l.total);
+            return 0;
+        }
+        memcpy(out, &s_t, 4);
+        for (size_t i = 0; i < n; i += slice) {
+            size_t len = n - i < slice ? n - i : slice;
+            scale_slice(x + i, len, scale, buf);
+            k->nvfp4_encode(buf, len, s_t, out + 4 + i / GIFT_NVFP4_BLOCK, out + l.code_off + i / 2);
+        }
+        return 0;
+    }
+    for (size_t i = 0; i < n && rc == 0; i += slice) {
+        size_t len = n - i < slice ? n - i : slice;
+        scale_slice(x + i, len, scale, buf);
+        switch (p->fmt) {
+        case GIFT_FMT_F32:
+            rc = k->f32_encode(buf, len, (float *)(out + l.code_off) + i);
+            break;
+        case GIFT_FMT_BF16:
+            rc = k->bf16_encode(buf, len, (uint16_t *)(out + l.code_off) + i);
+            break;
+        case GIFT_FMT_E4M3:
+        case GIFT_FMT_E5M2:
+            rc = k->fp8_encode(fp8_fmt(p->fmt), buf, len, l.block, (float *)out + i / l.block,
+                               out + l.code_off + i);
+            break;
+        default:
+            rc = GIFT_EFORMAT;
+        }
+    }
+    if (buf != tmp)
+        free(buf);
+    return rc;
+}
+
 /* Checks scales and codes of a payload; 0 when every value is finite. */
 static int payload_check(const gift_codec_params_t *p, const gift_layout_t *l, const uint8_t *in)
 {

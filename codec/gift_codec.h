@@ -124,6 +124,15 @@ int gift_layout(const gift_codec_params_t *p, size_t n, gift_layout_t *out);
 int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *payload,
                 size_t cap);
 
+/* Encodes the mean the server sends: exactly the bytes gift_encode gives for
+ * y_i = x_i * scale + 0.0f (fp32 multiply, then adding +0 turns -0 into +0),
+ * without writing y anywhere: x is read once, slice by slice, while the
+ * slice is in cache. Round to nearest only (p->stochastic gives GIFT_EINVAL);
+ * scale must be positive and finite. Returns as gift_encode. fp8 blocks over
+ * 4096 elements need one temporary allocation per call. */
+int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, float scale,
+                     void *payload, size_t cap);
+
 /* Decodes a payload of n elements into out. Checks every scale and code first:
  * NaN/Inf codes or non-finite/negative scales give GIFT_EBADCODE and out is
  * left untouched. len is the payload size (at least layout.total - padding of
