@@ -815,8 +815,6 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         uint64_t step = ch->base;
         int rc;
 
-        for (size_t i = 0; i < ch->n; i++)
-            sl->acc[i] *= inv;
         if (r->buf->refs > 1) {
             /* Writes of step - 2 still hold the buffer: leave it to them. */
             gift_rbuf_t *nb = gift_rbuf_new(ch->pull_l.total);
@@ -825,8 +823,19 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
                 r->buf = nb;
             }
         }
-        rc = r->buf->refs > 1 ? GIFT_ENOMEM
-                              : gift_encode(&t->pull, sl->acc, ch->n, r->buf->data, r->buf->cap);
+        /* The mean is acc * (1/N) + 0 (the +0 makes it the sum a zeroed
+         * accumulator would give, see handle_push). On the steps that measure
+         * boundary hits the mean is materialised in place; otherwise scaling
+         * and encoding are one cache-resident pass (the same bytes). */
+        if (r->buf->refs > 1) {
+            rc = GIFT_ENOMEM;
+        } else if (s->o.hits_every && step % s->o.hits_every == 0) {
+            for (size_t i = 0; i < ch->n; i++)
+                sl->acc[i] = sl->acc[i] * inv + 0.0f;
+            rc = gift_encode(&t->pull, sl->acc, ch->n, r->buf->data, r->buf->cap);
+        } else {
+            rc = gift_encode_mean(&t->pull, sl->acc, ch->n, inv, r->buf->data, r->buf->cap);
+        }
         r->buf->len = ch->pull_l.total;
         r->err = rc < 0 ? rc : 0;
         r->step = step;
@@ -849,7 +858,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
             s->c.lat_bucket[b]++;
             s->c.lat_sum += lat;
         }
-        memset(sl->acc, 0, ch->n * sizeof(float));
+        /* The accumulator is not cleared: the step's first push overwrites it. */
         memset(sl->ranks, 0, s->words * sizeof(uint64_t));
         sl->count = 0;
         sl->epoch = -1;
@@ -932,8 +941,14 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                            m->epoch, m->step, m->key, want);
                 return 0;
             }
-            if ((rc = gift_decode_acc(&t->push, f->payload, f->payload_len, ch->n, sl->acc)) <
-                0) {
+            /* The first push of a step overwrites the accumulator instead of
+             * adding to a cleared one: v and 0 + v differ only for v = -0,
+             * and the +0 of the mean's scaling makes the bytes the same. */
+            if (sl->count == 0)
+                rc = gift_decode(&t->push, f->payload, f->payload_len, ch->n, sl->acc);
+            else
+                rc = gift_decode_acc(&t->push, f->payload, f->payload_len, ch->n, sl->acc);
+            if (rc < 0) {
                 send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
                            "push payload rejected: %s", gift_strerror(rc));
                 return 0;

@@ -8,6 +8,10 @@
  * gift_shard_handle and go out through the gift_shard_io_t callbacks, so the
  * whole aggregation logic runs in unit tests with fake peers.
  *
+ * The mean of a step is, element by element, fl(fl(sum) * fl(1/N)) + 0.0f,
+ * where sum adds the decoded pushes in arrival order (eager aggregation) and
+ * the + 0 turns -0 into +0; it is encoded with the tensor's pull codec.
+ *
  * Steps (DESIGN.md section 4): every chunk has a base step b, the oldest
  * unfinished one, and accumulators for b and b + 1. A push for a step below
  * b is a replay and is acknowledged as a duplicate; one for b + 2 or later is
