@@ -44,6 +44,9 @@
 #include <unistd.h>
 
 #include "gift/client.h"
+#include "gift_test_check.h"
+#include "gift_test_rng.h"
+#include "gift_test_time.h"
 
 #ifndef GIFTD_BIN
 #error "compile with -DGIFTD_BIN=\"path of the giftd executable\""
@@ -57,37 +60,8 @@
 extern char **environ;
 
 /* ------------------------------------------------------------------ */
-/* Time and randomness                                                   */
+/* Hashing (clocks and randomness: tests/common)                        */
 /* ------------------------------------------------------------------ */
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double normal(uint64_t *s)
-{
-    double u1 = ((double)(splitmix(s) >> 11) + 0.5) * 0x1.0p-53;
-    double u2 = ((double)(splitmix(s) >> 11) + 0.5) * 0x1.0p-53;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
@@ -368,7 +342,7 @@ static void gen(float *x, size_t n, int t, int r, uint64_t s, double scale)
 {
     uint64_t st = 0x1234567ull ^ ((uint64_t)t << 40) ^ ((uint64_t)r << 32) ^ (s * 0x9E37ull);
     for (size_t i = 0; i < n; i++)
-        x[i] = (float)(scale * normal(&st));
+        x[i] = (float)(scale * rng_normal(&st));
 }
 
 /* The input geometry of the GIFT tensor: A^(1/2) = V diag(sqrt(s)) V with
@@ -381,7 +355,7 @@ static void geo_init(void)
     uint64_t st = 77;
     double nn = 0.0;
     for (int i = 0; i < GEO_DIN; i++) {
-        Vh[i] = normal(&st);
+        Vh[i] = rng_normal(&st);
         nn += Vh[i] * Vh[i];
         Sq[i] = sqrt(4.0 / pow(1.0 + i, 1.5));
     }
@@ -1136,15 +1110,8 @@ static Suite *client_suite(void)
 
 int main(void)
 {
-    SRunner *sr;
-    int failed;
-
     /* Workers are forked: keep OpenBLAS from starting threads before. */
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     signal(SIGPIPE, SIG_IGN);
-    sr = srunner_create(client_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return gift_test_run(client_suite(), CK_NORMAL) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -18,6 +18,8 @@
 
 #include "gift_error.h"
 #include "placement.h"
+#include "gift_test_check.h"
+#include "gift_test_rng.h"
 
 /* ck_assert_msg for loops: a passing ck_assert costs a write() to Check's
  * pipe; this one only calls into Check when it fails. */
@@ -47,15 +49,6 @@ static void teardown(void)
 {
     gift_plan_free(&g_plan[0]);
     gift_plan_free(&g_plan[1]);
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
 }
 
 /* ---- the contract of placement.h ----------------------------------------- */
@@ -571,11 +564,5 @@ static Suite *placement_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(placement_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return gift_test_run(placement_suite(), CK_NORMAL) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

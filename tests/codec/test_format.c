@@ -26,6 +26,9 @@
 #include <time.h>
 
 #include "gift_codec.h"
+#include "gift_test_check.h"
+#include "gift_test_rng.h"
+#include "gift_test_time.h"
 
 #ifdef GIFT_HAVE_CUDA_FP_HEADERS
 #pragma GCC diagnostic push
@@ -40,123 +43,9 @@
 /* Small helpers                                                        */
 /* ------------------------------------------------------------------ */
 
-/* ck_assert_msg without the mark point that Check records on every passing
- * check (a write to a file, which dominates the per-element loops). */
-#define require_msg(expr, ...)                                                                     \
-    do {                                                                                           \
-        if (!(expr))                                                                               \
-            ck_abort_msg(__VA_ARGS__);                                                             \
-    } while (0)
-
-static uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* splitmix64: fast, good enough for test inputs. */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
-
-/* A float from sign, unbiased exponent (-126..127) and 23 mantissa bits. */
-static float mkf(int neg, int e, uint32_t mant)
-{
-    return u2f((neg ? 0x80000000u : 0u) | ((uint32_t)(e + 127) << 23) | (mant & 0x7FFFFFu));
-}
-
-static float rand_sign(uint64_t *s, float v)
-{
-    return (rng_next(s) & 1) ? -v : v;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static size_t up64(size_t v)
 {
     return (v + 63) / 64 * 64;
-}
-
-/* Inputs with varied magnitudes: runs of zeros, subnormals, huge values,
- * values near the inverse-scale overflow, outliers, mixed signs, constants,
- * values on a power-of-two grid (ties after scaling). */
-static void fill_varied(float *x, size_t n, uint64_t *s)
-{
-    size_t i = 0;
-    while (i < n) {
-        size_t len = 1 + (size_t)(rng_next(s) % 300);
-        int kind = (int)(rng_next(s) % 11);
-        float c = mkf(0, (int)(rng_next(s) % 60) - 30, (uint32_t)rng_next(s));
-        int ge = (int)(rng_next(s) % 41) - 20;
-        for (size_t j = 0; j < len && i < n; j++, i++) {
-            float v;
-            switch (kind) {
-            case 0:
-                v = (rng_next(s) % 5 == 0) ? -0.0f : 0.0f;
-                break;
-            case 1:
-                v = u2f((uint32_t)rng_next(s) & 0x807FFFFFu);
-                break;
-            case 2:
-                v = mkf((int)(rng_next(s) & 1), 90 + (int)(rng_next(s) % 38),
-                        (uint32_t)rng_next(s));
-                break;
-            case 3:
-                v = (float)(rng_unit(s) * 2.0 - 1.0);
-                break;
-            case 4:
-                v = mkf((int)(rng_next(s) & 1), (int)(rng_next(s) % 80) - 40,
-                        (uint32_t)rng_next(s));
-                break;
-            case 5:
-                v = rand_sign(s, (j % 37 == 0) ? c * 1000.0f : c * (float)rng_unit(s));
-                break;
-            case 6:
-                v = rand_sign(s, (float)ldexp(1.0 + rng_unit(s), -130 + (int)(rng_next(s) % 26)));
-                break;
-            case 7: {
-                uint32_t u;
-                do
-                    u = (uint32_t)rng_next(s);
-                while ((u & 0x7F800000u) == 0x7F800000u);
-                v = u2f(u);
-                break;
-            }
-            case 8:
-                v = c;
-                break;
-            case 9:
-                v = ldexpf((float)((int)(rng_next(s) % 33) - 16), ge);
-                break;
-            default:
-                v = rand_sign(s, c * (float)rng_unit(s));
-                break;
-            }
-            x[i] = v;
-        }
-    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -2208,6 +2097,76 @@ START_TEST(test_strerror)
 }
 END_TEST
 
+/* gift_encode_mean is gift_encode of x * scale + 0, byte for byte, on every
+ * format, SIMD path, slice boundary and the large-block fallback. */
+START_TEST(test_encode_mean)
+{
+    static const gift_format_t fmts[] = {GIFT_FMT_F32, GIFT_FMT_BF16, GIFT_FMT_E4M3, GIFT_FMT_E5M2,
+                                         GIFT_FMT_NVFP4};
+    static const size_t ns[] = {1, 17, 4095, 4096, 4097, 20011};
+    static const float scales[] = {1.0f, 0.5f, 1.0f / 3.0f, 1.0f / 7.0f};
+    static const uint32_t blocks[] = {32, 128, 8192};
+    const size_t nmax = 20011, cap = 4 * 20011 + 4096;
+    float *x = malloc(nmax * sizeof *x), *y = malloc(nmax * sizeof *y);
+    uint8_t *a = malloc(cap), *b = malloc(cap);
+    uint64_t seed = 42;
+    ck_assert_msg(x && y && a && b, "out of memory");
+    fill_varied(x, nmax, &seed);
+    for (size_t i = 0; i < nmax; i += 7)
+        x[i] = -0.0f; /* -0 must come out as +0 */
+    for (int path = 0; path < 3; path++) {
+        if (gift_simd_force((gift_simd_t)path) != 0)
+            continue;
+        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+            for (size_t bi = 0; bi < 3; bi++)
+                for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                    for (size_t si = 0; si < 4; si++) {
+                        gift_codec_params_t p = {.fmt = fmts[f], .block = blocks[bi]};
+                        gift_layout_t l;
+                        size_t n = ns[ni];
+                        int ra, rb;
+                        if ((fmts[f] != GIFT_FMT_E4M3 && fmts[f] != GIFT_FMT_E5M2) && bi > 0)
+                            continue;
+                        for (size_t i = 0; i < n; i++)
+                            y[i] = x[i] * scales[si] + 0.0f;
+                        ck_assert_int_eq(gift_layout(&p, n, &l), 0);
+                        memset(a, 0xA5, cap);
+                        memset(b, 0x5A, cap);
+                        ra = gift_encode(&p, y, n, a, cap);
+                        rb = gift_encode_mean(&p, x, n, scales[si], b, cap);
+                        require_msg(ra == rb, "%s path %d block %u n %zu scale %g: rc %d vs %d",
+                                    gift_format_name(fmts[f]), path, blocks[bi], n,
+                                    (double)scales[si], ra, rb);
+                        if (ra == 0 && memcmp(a, b, l.total) != 0) {
+                            size_t k = 0;
+                            while (a[k] == b[k])
+                                k++;
+                            ck_abort_msg("%s path %d block %u n %zu scale %g: byte %zu of %zu: "
+                                         "0x%02x vs 0x%02x",
+                                         gift_format_name(fmts[f]), path, blocks[bi], n,
+                                         (double)scales[si], k, l.total, a[k], b[k]);
+                        }
+                    }
+    }
+    {
+        gift_codec_params_t p = {.fmt = GIFT_FMT_E4M3};
+        x[5] = NAN;
+        ck_assert_int_eq(gift_encode_mean(&p, x, 100, 0.5f, b, cap), GIFT_ENONFINITE);
+        p.fmt = GIFT_FMT_NVFP4;
+        ck_assert_int_eq(gift_encode_mean(&p, x, 100, 0.5f, b, cap), GIFT_ENONFINITE);
+        p.stochastic = 1;
+        ck_assert_int_eq(gift_encode_mean(&p, y, 100, 0.5f, b, cap), GIFT_EINVAL);
+        p.stochastic = 0;
+        ck_assert_int_eq(gift_encode_mean(&p, y, 100, 0.0f, b, cap), GIFT_EINVAL);
+    }
+    gift_simd_force(gift_simd_best());
+    free(x);
+    free(y);
+    free(a);
+    free(b);
+}
+END_TEST
+
 /* Payloads arrive at any offset of a connection's read buffer: decoding from
  * an odd address must give the same floats (and no misaligned access under
  * UBSan) on every format. */
@@ -2288,6 +2247,11 @@ static Suite *format_suite(void)
     tcase_add_test(tc, test_padding_ignored);
     suite_add_tcase(s, tc);
 
+    tc = tcase_create("mean");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_encode_mean);
+    suite_add_tcase(s, tc);
+
     tc = tcase_create("unaligned");
     tcase_add_test(tc, test_unaligned_decode);
     suite_add_tcase(s, tc);
@@ -2321,7 +2285,6 @@ static Suite *format_suite(void)
 
 int main(void)
 {
-    SRunner *sr;
     int failed;
     double t0 = now_s();
 
@@ -2333,10 +2296,7 @@ int main(void)
 #else
     fprintf(stderr, "CUDA host conversions: not available\n");
 #endif
-    sr = srunner_create(format_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    failed = gift_test_run(format_suite(), CK_NORMAL);
     fprintf(stderr, "test_codec_format: %.1f s\n", now_s() - t0);
     return failed != 0;
 }

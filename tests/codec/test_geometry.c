@@ -13,36 +13,10 @@
 #include <string.h>
 
 #include "gift_codec.h"
+#include "gift_test_check.h"
+#include "gift_test_rng.h"
 
 /* ---- helpers ---------------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static double rng_normal(uint64_t *s)
-{
-    double u1 = ((double)(rng_next(s) >> 11) + 0.5) * 0x1.0p-53;
-    double u2 = ((double)(rng_next(s) >> 11) + 0.5) * 0x1.0p-53;
-
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-static float *rand_floats(size_t n, uint64_t seed)
-{
-    float *x = malloc(n * sizeof(float));
-    size_t i;
-
-    ck_assert_ptr_nonnull(x);
-    for (i = 0; i < n; i++)
-        x[i] = (float)rng_normal(&seed);
-    return x;
-}
 
 /* A random orthogonal din x din matrix, row-major double. */
 static double *rand_orthogonal(int din, uint64_t seed)
@@ -917,11 +891,5 @@ static Suite *geometry_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(geometry_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return gift_test_run(geometry_suite(), CK_NORMAL) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

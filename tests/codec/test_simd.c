@@ -17,117 +17,9 @@
 #include <time.h>
 
 #include "gift_codec.h"
-
-/* ck_assert_msg without the mark point Check records on every passing check
- * (a file write, which dominates per-element loops). */
-#define require_msg(expr, ...)                                                                     \
-    do {                                                                                           \
-        if (!(expr))                                                                               \
-            ck_abort_msg(__VA_ARGS__);                                                             \
-    } while (0)
-
-static uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
-
-static float mkf(int neg, int e, uint32_t mant)
-{
-    return u2f((neg ? 0x80000000u : 0u) | ((uint32_t)(e + 127) << 23) | (mant & 0x7FFFFFu));
-}
-
-static float rand_sign(uint64_t *s, float v)
-{
-    return (rng_next(s) & 1) ? -v : v;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Varied magnitudes: runs of zeros, subnormals, huge values, values around the
- * inverse-scale overflow, outliers, mixed signs, constants, grid values. */
-static void fill_varied(float *x, size_t n, uint64_t *s)
-{
-    size_t i = 0;
-    while (i < n) {
-        size_t len = 1 + (size_t)(rng_next(s) % 300);
-        int kind = (int)(rng_next(s) % 11);
-        float c = mkf(0, (int)(rng_next(s) % 60) - 30, (uint32_t)rng_next(s));
-        int ge = (int)(rng_next(s) % 41) - 20;
-        for (size_t j = 0; j < len && i < n; j++, i++) {
-            float v;
-            switch (kind) {
-            case 0:
-                v = (rng_next(s) % 5 == 0) ? -0.0f : 0.0f;
-                break;
-            case 1:
-                v = u2f((uint32_t)rng_next(s) & 0x807FFFFFu);
-                break;
-            case 2:
-                v = mkf((int)(rng_next(s) & 1), 90 + (int)(rng_next(s) % 38),
-                        (uint32_t)rng_next(s));
-                break;
-            case 3:
-                v = (float)(rng_unit(s) * 2.0 - 1.0);
-                break;
-            case 4:
-                v = mkf((int)(rng_next(s) & 1), (int)(rng_next(s) % 80) - 40,
-                        (uint32_t)rng_next(s));
-                break;
-            case 5:
-                v = rand_sign(s, (j % 37 == 0) ? c * 1000.0f : c * (float)rng_unit(s));
-                break;
-            case 6:
-                v = rand_sign(s, (float)ldexp(1.0 + rng_unit(s), -130 + (int)(rng_next(s) % 26)));
-                break;
-            case 7: {
-                uint32_t u;
-                do
-                    u = (uint32_t)rng_next(s);
-                while ((u & 0x7F800000u) == 0x7F800000u);
-                v = u2f(u);
-                break;
-            }
-            case 8:
-                v = c;
-                break;
-            case 9:
-                v = ldexpf((float)((int)(rng_next(s) % 33) - 16), ge);
-                break;
-            default:
-                v = rand_sign(s, c * (float)rng_unit(s));
-                break;
-            }
-            x[i] = v;
-        }
-    }
-}
+#include "gift_test_check.h"
+#include "gift_test_rng.h"
+#include "gift_test_time.h"
 
 /* Input families: 0 varied, 1 smooth (uniform, mixed sign), 2 subnormal only,
  * 3 huge (~1e30 and up to FLT_MAX), 4 all zeros, 5 ties on the fp8 grid. */
@@ -799,7 +691,6 @@ static Suite *simd_suite(void)
 
 int main(void)
 {
-    SRunner *sr;
     int failed;
     double t0 = now_s();
     gift_simd_t best = gift_simd_best();
@@ -811,10 +702,7 @@ int main(void)
     fprintf(stderr, " (best %s)\n", gift_simd_name(best));
     gift_simd_force(best);
 
-    sr = srunner_create(simd_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    failed = gift_test_run(simd_suite(), CK_NORMAL);
     gift_simd_force(best);
     fprintf(stderr, "test_codec_simd: %.1f s\n", now_s() - t0);
     return failed != 0;

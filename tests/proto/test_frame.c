@@ -15,6 +15,8 @@
 
 #include "gift_proto.h"
 #include "gift_proto_internal.h"
+#include "gift_test_check.h"
+#include "gift_test_rng.h"
 
 #define N_MSG 15 /* message cases in Envelope: 1..N_MSG */
 
@@ -28,15 +30,6 @@
     } while (0)
 
 /* ---- random numbers ------------------------------------------------------ */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
 
 static uint64_t rng_below(uint64_t *s, uint64_t n)
 {
@@ -1376,11 +1369,5 @@ static Suite *frame_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(frame_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return gift_test_run(frame_suite(), CK_NORMAL) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

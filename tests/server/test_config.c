@@ -22,6 +22,7 @@
 #include "config.h"
 #include "gift_error.h"
 #include "log.h"
+#include "gift_test_check.h"
 
 #ifndef GIFT_SOURCE_DIR
 #error "compile with -DGIFT_SOURCE_DIR=\"path of the source tree\""
@@ -1125,11 +1126,5 @@ static Suite *config_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(config_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return gift_test_run(config_suite(), CK_NORMAL) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -31,6 +31,9 @@
 #include "gift_proto.h"
 #include "log.h"
 #include "shard.h"
+#include "gift_test_check.h"
+#include "gift_test_frames.h"
+#include "gift_test_rng.h"
 
 #define W 4              /* world size of most tests */
 #define NPEER 8          /* peers 0..3 are ranks 0..3 after hello_all; 4..7 are spare connections */
@@ -572,16 +575,7 @@ static int push_raw(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uin
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__Push m = GIFT__PUSH__INIT;
     Gift__Codec codec = GIFT__CODEC__INIT;
-    codec.format = fmt;
-    codec.block = block;
-    m.key = key;
-    m.chunk = chunk;
-    m.step = step;
-    m.epoch = epoch;
-    m.codec = &codec;
-    m.seq = g_seq++;
-    env.msg_case = GIFT__ENVELOPE__MSG_PUSH;
-    env.push = &m;
+    gift_test_fill_push(&env, &m, &codec, key, chunk, step, epoch, fmt, block, g_seq++);
     return feed(fp, &env, payload, len);
 }
 
@@ -636,21 +630,6 @@ static void push_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step,
 /* Data                                                                  */
 /* ------------------------------------------------------------------ */
 
-static uint64_t mix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double normal(uint64_t *s)
-{
-    double u1 = ((double)(mix(s) >> 11) + 0.5) * 0x1.0p-53;
-    double u2 = ((double)(mix(s) >> 11) + 0.5) * 0x1.0p-53;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 /* Rank r's gradient chunk for data set v: fresh normals, a different scale
  * per rank, some blocks much larger than others. */
 static float *grad(uint32_t key, uint32_t chunk, uint32_t rank, uint64_t v)
@@ -662,7 +641,7 @@ static float *grad(uint32_t key, uint32_t chunk, uint32_t rank, uint64_t v)
     float *x = malloc(n * sizeof *x);
     ck_assert_ptr_nonnull(x);
     for (size_t i = 0; i < n; i++)
-        x[i] = (float)(normal(&s) * (0.25 + rank) * ((i / 40) % 3 == 1 ? 20.0 : 1.0));
+        x[i] = (float)(rng_normal(&s) * (0.25 + rank) * ((i / 40) % 3 == 1 ? 20.0 : 1.0));
     return x;
 }
 
@@ -723,8 +702,9 @@ static uint8_t *reference(uint32_t key, uint32_t chunk, uint64_t v, const int *o
         free(b);
         free(x);
     }
+    /* The shard's mean: sum * (1/W) + 0 (shard.h). */
     for (size_t j = 0; j < n; j++)
-        acc[j] *= inv;
+        acc[j] = acc[j] * inv + 0.0f;
     out = encode(&qp, acc, n, len);
     free(acc);
     free(dec);
@@ -741,13 +721,7 @@ static int pull_raw(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uin
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__Pull m = GIFT__PULL__INIT;
     uint8_t junk[16] = {0};
-    m.key = key;
-    m.chunk = chunk;
-    m.step = step;
-    m.have_epoch = have_epoch;
-    m.seq = g_seq++;
-    env.msg_case = GIFT__ENVELOPE__MSG_PULL;
-    env.pull = &m;
+    gift_test_fill_pull(&env, &m, key, chunk, step, have_epoch, g_seq++);
     return feed(fp, &env, payload_len ? junk : NULL, payload_len);
 }
 
@@ -824,15 +798,7 @@ static int sketch_raw(fake_t *fp, uint32_t key, uint64_t step, uint32_t epoch, d
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__Sketch m = GIFT__SKETCH__INIT;
-    m.key = key;
-    m.step = step;
-    m.epoch = epoch;
-    m.trace = trace;
-    m.din = din;
-    m.basis_cols = ks;
-    m.seq = g_seq++;
-    env.msg_case = GIFT__ENVELOPE__MSG_SKETCH;
-    env.sketch = &m;
+    gift_test_fill_sketch(&env, &m, key, step, epoch, trace, din, ks, g_seq++);
     return feed(fp, &env, y, len);
 }
 
@@ -2162,7 +2128,7 @@ static void make_sketch(uint32_t r, uint64_t round, const float *U, float *Y, do
     ck_assert(X && work);
     for (int i = 0; i < GN; i++)
         for (int j = 0; j < GDIN; j++)
-            X[i * GDIN + j] = (float)(normal(&s) / (1.0 + 0.3 * j));
+            X[i * GDIN + j] = (float)(rng_normal(&s) / (1.0 + 0.3 * j));
     ck_assert_int_eq(gift_sketch(X, GN, GDIN, U, GKS, Y, trace, work), 0);
     free(X);
     free(work);
@@ -2893,13 +2859,8 @@ static Suite *shard_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(shard_suite());
-    int failed;
     /* The shard logs every refusal; keep the test output readable. */
     if (getenv("GIFT_TEST_LOG") == NULL)
         gift_log_set_level(GIFT_LOG_LEVEL_ERROR);
-    srunner_run_all(sr, CK_ENV);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return gift_test_run(shard_suite(), CK_ENV) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
