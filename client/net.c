@@ -127,6 +127,8 @@ static void drop(uconn_t *u);
 static void on_write(uv_write_t *req, int status);
 
 /* Writes everything collected, in priority order, if no write is in flight. */
+#define GIFT__NET_EAGER_BYTES (256u << 10)
+
 static void flush(uconn_t *u)
 {
     out_batch_t *b = &u->q[u->cur];
@@ -210,6 +212,12 @@ int gift__net_queue(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
     if ((n = gift_frame_pack_head(env, payload ? len : 0, head, hl)) < 0)
         return (int)n;
     queue_commit(c, u, (size_t)n);
+    /* A large payload goes out at once rather than at the end of the turn,
+     * so the shard decodes chunk i while this thread encodes chunk i + 1
+     * (uv_write writes what the socket takes right away). Small frames
+     * still collect into one write per turn, in priority order. */
+    if (payload != NULL && len >= GIFT__NET_EAGER_BYTES)
+        flush(u);
     return 0;
 }
 

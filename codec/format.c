@@ -426,7 +426,16 @@ static void scalar_f32_decode(const float *codes, size_t n, float *out, int acc)
         out[i] += gift__ldf(codes + i);
 }
 
+/* dst[i] = x[i] * scale + 0.0f: the + 0 turns a -0 into +0, so the result
+ * equals a sum that started from +0. */
+static void scalar_scale(const float *x, size_t n, float scale, float *dst)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = gift__ldf(x + i) * scale + 0.0f;
+}
+
 const gift__kernels_t gift__kernels_scalar = {
+    .scale = scalar_scale,
     .fp8_encode = scalar_fp8_encode,
     .fp8_decode = scalar_fp8_decode,
     .byte_has_mask = scalar_byte_has_mask,
@@ -603,13 +612,6 @@ int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *pa
     }
 }
 
-/* Scales a slice into dst: dst[i] = x[i] * scale + 0.0f (the + 0 turns a -0
- * into +0, so the result equals a sum that started from +0). */
-static void scale_slice(const float *x, size_t n, float scale, float *dst)
-{
-    for (size_t i = 0; i < n; i++)
-        dst[i] = x[i] * scale + 0.0f;
-}
 
 #define MEAN_SLICE 4096 /* elements per cache-resident slice of gift_encode_mean */
 
@@ -654,14 +656,14 @@ int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, flo
         memcpy(out, &s_t, 4);
         for (size_t i = 0; i < n; i += slice) {
             size_t len = n - i < slice ? n - i : slice;
-            scale_slice(x + i, len, scale, buf);
+            k->scale(x + i, len, scale, buf);
             k->nvfp4_encode(buf, len, s_t, out + 4 + i / GIFT_NVFP4_BLOCK, out + l.code_off + i / 2);
         }
         return 0;
     }
     for (size_t i = 0; i < n && rc == 0; i += slice) {
         size_t len = n - i < slice ? n - i : slice;
-        scale_slice(x + i, len, scale, buf);
+        k->scale(x + i, len, scale, buf);
         switch (p->fmt) {
         case GIFT_FMT_F32:
             rc = k->f32_encode(buf, len, (float *)(out + l.code_off) + i);

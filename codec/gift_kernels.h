@@ -46,6 +46,8 @@ typedef struct gift__kernels {
     /* bf16: returns GIFT_ENONFINITE if any input is NaN/Inf. */
     int (*bf16_encode)(const float *x, size_t n, uint16_t *codes);
     void (*bf16_decode)(const uint16_t *codes, size_t n, float *out, int acc);
+    /* dst[i] = x[i] * scale + 0.0f (gift_encode_mean's scaling). */
+    void (*scale)(const float *x, size_t n, float scale, float *dst);
     /* f32: copies x to out; returns GIFT_ENONFINITE if any is NaN/Inf. */
     int (*f32_encode)(const float *x, size_t n, float *out);
     void (*f32_decode)(const float *codes, size_t n, float *out, int acc);

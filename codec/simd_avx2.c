@@ -327,7 +327,18 @@ static void AVX2 avx2_f32_decode(const float *codes, size_t n, float *out, int a
         out[i] += gift__ldf(codes + i);
 }
 
+static void AVX2 avx2_scale(const float *x, size_t n, float scale, float *dst)
+{
+    const __m256 s = _mm256_set1_ps(scale), z = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s), z));
+    for (; i < n; i++)
+        dst[i] = gift__ldf(x + i) * scale + 0.0f;
+}
+
 static const gift__kernels_t kernels_avx2 = {
+    .scale = avx2_scale,
     .fp8_encode = avx2_fp8_encode,
     .fp8_decode = avx2_fp8_decode,
     .byte_has_mask = avx2_byte_has_mask,
