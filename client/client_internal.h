@@ -142,8 +142,10 @@ typedef struct gift__pstate {
     uint8_t *acked;   /* per chunk */
     uint8_t *sent;    /* per chunk: queued on the current connection */
     uint32_t nacked;
-    uint8_t *payload; /* every chunk's encoded payload, 64-aligned */
-    float *asmb;      /* fused: the assembled gradient */
+    uint32_t nenc;     /* chunks encoded so far (SENT/ACKED: only these may be queued) */
+    const float *encp; /* while encoding: the transformed gradient (+ residual) */
+    uint8_t *payload;  /* every chunk's encoded payload, 64-aligned */
+    float *asmb;       /* fused: the assembled gradient */
     gift__list_t reqs;
 } gift__pstate_t;
 
@@ -180,6 +182,7 @@ typedef struct gift__wire {
     uint32_t chunk0, nchunks; /* into gift_client.chunks */
     int64_t push_prio, pull_prio;
     gift__pstate_t ps[2];
+    gift__pstate_t *encoding; /* the push still being encoded, a few chunks per turn */
     gift__lstate_t pl[2];
     float *p;    /* transformed gradient (geometry or EF) */
     float *work; /* rows * k */
@@ -259,6 +262,7 @@ struct gift_client {
     int geo_err;     /* a GeometryRequest failed during declare */
     int io_declared; /* the I/O thread's own "declared" (Hello digest, Declare) */
     int rescan;
+    size_t nencoding; /* wires whose push is still being encoded */
     int closing;
     uint64_t seq;
     uint64_t backoff_reset_ns;
@@ -284,6 +288,7 @@ void gift__eng_conn_failed(gift_client_t *c, uint32_t shard, int code);
 int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f);
 void gift__eng_tick(gift_client_t *c);
 void gift__eng_turn_end(gift_client_t *c);
+void gift__eng_encode_more(gift_client_t *c); /* loop turn end, before turn_end */
 /* Frees the per-wire buffers (any thread, once the I/O thread is gone). */
 void gift__eng_free_wires(gift_client_t *c);
 

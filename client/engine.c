@@ -11,7 +11,8 @@
  * tensor for that step (two of each per tensor: step & 1):
  *
  *   push  IDLE -> ASSEMBLING (fused: until every member is in) -> SENT
- *         (every chunk encoded and queued) -> ACKED (every PushAck). Its
+ *         (chunks encoded a few per loop turn, each queued once encoded;
+ *         one push per wire encodes at a time) -> ACKED (every PushAck). Its
  *         payloads are kept, with need_replay, until the pull of that step
  *         completes: a reconnect re-sends them (the shard acknowledges
  *         duplicates). A push of step t + 2 waits while they are needed.
@@ -276,7 +277,7 @@ static void send_push_chunks(gift_client_t *c, gift__wire_t *w, gift__pstate_t *
 {
     for (uint32_t j = 0; j < w->nchunks; j++) {
         gift__chunk_t *ch = chunk_of(c, w, j);
-        if (ps->sent[j] || !ready(c, ch->shard) ||
+        if (j >= ps->nenc || ps->sent[j] || !ready(c, ch->shard) ||
             (only_shard != UINT32_MAX && ch->shard != only_shard))
             continue;
         if (queue_push(c, w, ps, ch) == 0) {
@@ -382,8 +383,108 @@ static void send_declare(gift_client_t *c, uint32_t shard)
 /* Push                                                                  */
 /* ------------------------------------------------------------------ */
 
-/* Transforms (geometry), adds the residual (error feedback), encodes every
- * chunk of ps's step from src and queues what can go now. */
+/* A push encodes about this many input bytes per loop turn (at least one
+ * chunk): between turns the loop writes what was queued, so the shard
+ * decodes chunk j while this thread encodes chunk j + 1. */
+#define GIFT__ENCODE_TURN_BYTES (1u << 20)
+
+static void stop_encoding(gift_client_t *c, gift__wire_t *w)
+{
+    if (w->encoding == NULL)
+        return;
+    w->encoding = NULL;
+    c->nencoding--;
+    c->rescan = 1;
+}
+
+/* Encodes the next chunks of w's push (at least one, then while under budget
+ * bytes of input), updates the residual of each, and queues each Push as
+ * soon as it is encoded, followed by the Pull of the same chunk when that
+ * pull waits. A chunk that fails to encode (NaN/Inf: GIFT_ENONFINITE) is
+ * never sent and fails the push; the chunks before it were already queued
+ * and the shard keeps them (a retry of the step is acknowledged as a
+ * duplicate for those). Returns the input bytes encoded. */
+static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
+{
+    gift__pstate_t *ps = w->encoding;
+    gift__lstate_t *pl;
+    size_t done = 0;
+    int rc;
+
+    if (ps == NULL)
+        return 0;
+    if (ps->state != GIFT__PS_SENT || ps->reqs.head == NULL) {
+        /* Failed, or every request gone (timed out): the source may be gone. */
+        if (ps->state == GIFT__PS_SENT) {
+            ps->state = GIFT__PS_IDLE;
+            ps->need_replay = 0;
+        }
+        stop_encoding(c, w);
+        return 0;
+    }
+    pl = &w->pl[ps->step & 1];
+    while (ps->nenc < w->nchunks && (done == 0 || done < budget)) {
+        uint32_t j = ps->nenc;
+        gift__chunk_t *ch = chunk_of(c, w, j);
+        gift_codec_params_t cp = w->push;
+        uint8_t *pay = ps->payload + ch->push_off;
+        const float *p = ps->encp;
+        cp.sr.seed = c->seed;
+        cp.sr.rank = (uint32_t)c->rank;
+        cp.sr.key = w->key;
+        cp.sr.chunk = ch->idx;
+        cp.sr.step = ps->step;
+        if ((rc = gift_encode(&cp, p + ch->off, ch->n, pay, ch->push_l.total)) < 0) {
+            stop_encoding(c, w);
+            fail_ps(c, ps, rc);
+            return done;
+        }
+        if (w->ef_on) {
+            /* e = p - decode(encode(p)), chunk by chunk, in place in e. */
+            float *e = w->ef.e + ch->off;
+            const float *pc = p + ch->off;
+            if ((rc = gift_decode(&cp, pay, ch->push_l.total, ch->n, e)) < 0) {
+                stop_encoding(c, w);
+                fail_ps(c, ps, rc);
+                return done;
+            }
+            for (size_t i = 0; i < ch->n; i++)
+                e[i] = pc[i] - e[i];
+        }
+        ps->nenc = j + 1;
+        done += ch->n * sizeof(float);
+        if (ready(c, ch->shard) && queue_push(c, w, ps, ch) == 0)
+            ps->sent[j] = 1;
+        if (pl->state == GIFT__PL_PENDING && pl->step == ps->step)
+            send_pull_chunks(c, w, pl);
+    }
+    if (ps->nenc == w->nchunks)
+        stop_encoding(c, w);
+    return done;
+}
+
+/* The turn's encoding: about GIFT__ENCODE_TURN_BYTES, pushes of higher
+ * priority first (the order their frames would have been sorted in). */
+void gift__eng_encode_more(gift_client_t *c)
+{
+    size_t done = 0;
+    while (c->nencoding > 0 && done < GIFT__ENCODE_TURN_BYTES) {
+        gift__wire_t *best = NULL;
+        for (size_t i = 0; i < c->nwires; i++)
+            if (c->wires[i].encoding != NULL &&
+                (best == NULL || c->wires[i].push_prio > best->push_prio))
+                best = &c->wires[i];
+        if (best == NULL) { /* cannot happen: nencoding counts these */
+            c->nencoding = 0;
+            break;
+        }
+        done += encode_chunks(c, best, GIFT__ENCODE_TURN_BYTES - done);
+    }
+}
+
+/* Transforms (geometry), adds the residual (error feedback), then encodes the
+ * chunks of ps's step, a few per loop turn (encode_chunks), queueing each as
+ * soon as it is encoded. */
 static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
 {
     const float *p = src;
@@ -421,40 +522,17 @@ static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, c
         GIFT__STAT_ADD(c, epochs_switched, 1);
     w->last_epoch = epoch;
     w->pushed_once = 1;
-    for (uint32_t j = 0; j < w->nchunks; j++) {
-        gift__chunk_t *ch = chunk_of(c, w, j);
-        gift_codec_params_t cp = w->push;
-        uint8_t *pay = ps->payload + ch->push_off;
-        cp.sr.seed = c->seed;
-        cp.sr.rank = (uint32_t)c->rank;
-        cp.sr.key = w->key;
-        cp.sr.chunk = ch->idx;
-        cp.sr.step = ps->step;
-        if ((rc = gift_encode(&cp, p + ch->off, ch->n, pay, ch->push_l.total)) < 0) {
-            fail_ps(c, ps, rc);
-            return;
-        }
-        if (w->ef_on) {
-            /* e = p - decode(encode(p)), chunk by chunk, in place in e. */
-            float *e = w->ef.e + ch->off;
-            const float *pc = p + ch->off;
-            if ((rc = gift_decode(&cp, pay, ch->push_l.total, ch->n, e)) < 0) {
-                fail_ps(c, ps, rc);
-                return;
-            }
-            for (size_t i = 0; i < ch->n; i++)
-                e[i] = pc[i] - e[i];
-        }
-    }
     ps->state = GIFT__PS_SENT;
     ps->epoch = epoch;
     ps->need_replay = 1;
     ps->nacked = 0;
+    ps->nenc = 0;
+    ps->encp = p;
     memset(ps->acked, 0, w->nchunks);
     memset(ps->sent, 0, w->nchunks);
-    send_push_chunks(c, w, ps, UINT32_MAX, 0);
-    if (w->pl[ps->step & 1].state == GIFT__PL_PENDING && w->pl[ps->step & 1].step == ps->step)
-        send_pull_chunks(c, w, &w->pl[ps->step & 1]);
+    w->encoding = ps;
+    c->nencoding++;
+    encode_chunks(c, w, GIFT__ENCODE_TURN_BYTES);
 }
 
 /* Starts a push request, or returns 0 when it must wait. */
@@ -472,6 +550,8 @@ static int try_push(gift_client_t *c, gift__req_t *r)
         return 1;
     }
     if (w->geometry && !settled(w, r->step))
+        return 0;
+    if (w->encoding != NULL) /* one push of a wire encodes at a time (scratch, residual) */
         return 0;
     if (ps->state != GIFT__PS_IDLE) {
         if (ps->step == r->step) {
@@ -491,6 +571,8 @@ static int try_push(gift_client_t *c, gift__req_t *r)
             w->pl[r->step & 1].step == ps->step)
             return 0;
     }
+    if (ps->inflight > 0) /* a failed push's chunks still being written from payload */
+        return 0;
     ps->state = GIFT__PS_ASSEMBLING;
     ps->step = r->step;
     ps->need_replay = 0;

@@ -7,9 +7,15 @@
  * Writes: frames queued during a loop turn are collected per connection
  * (heads packed into one buffer, payloads referenced, not copied) and go out
  * at the end of the turn (a uv_check handle) in ONE uv_write, sorted by
- * priority (stable). One write is in flight per connection; what is queued
- * meanwhile waits for the next turn. A payload's owner counts the frames
- * that reference it (*inflight) until their write is done or dropped.
+ * priority (stable); a large payload starts its write at once. Batches form a
+ * small FIFO ring per connection, each with its own uv_write_t: up to
+ * GIFT__NET_RING - 1 writes are in flight while the next batch collects.
+ * libuv writes a stream's requests in order, so frames leave in the order
+ * their batches were started (a Sketch queued before a Push goes first);
+ * write callbacks come in the same order and release the oldest batch. With
+ * every slot in flight, frames wait for the next turn. A payload's owner
+ * counts the frames that reference it (*inflight) until their write is done
+ * or dropped.
  *
  * A connection is never freed inside its own callbacks: dropping closes the
  * handle and the close callback releases its buffers and starts the backoff
@@ -27,6 +33,7 @@
 #include "client_internal.h"
 
 #define TICK_MS 10
+#define GIFT__NET_RING 8 /* batches per connection: in flight + the collecting one */
 
 typedef struct out_item {
     size_t head_off, head_len;
@@ -38,6 +45,7 @@ typedef struct out_item {
 } out_item_t;
 
 typedef struct out_batch {
+    uv_write_t wreq;
     uint8_t *heads;
     size_t heads_len, heads_cap;
     out_item_t *items;
@@ -51,13 +59,12 @@ typedef struct uconn {
     uint32_t shard;
     uv_tcp_t tcp;
     uv_connect_t creq;
-    uv_write_t wreq;
     uv_timer_t timer; /* backoff */
     gift_reader_t *reader;
-    out_batch_t q[2]; /* q[cur] collects, q[!cur] is being written */
-    int cur, writing;
-    int tcp_active; /* tcp initialised and its close callback not yet run */
-    int connected;  /* established and not being dropped */
+    out_batch_t q[GIFT__NET_RING]; /* ring: q[head] .. are written, then one collects */
+    unsigned head, writing;        /* oldest batch in flight, batches in flight */
+    int tcp_active;                /* tcp initialised and its close callback not yet run */
+    int connected;                 /* established and not being dropped */
     uint32_t backoff_ms;
 } uconn_t;
 
@@ -66,6 +73,7 @@ struct gift__net {
     uv_loop_t loop;
     uv_async_t async;
     uv_check_t check;
+    uv_idle_t idle; /* active while a push is still encoding: no blocking poll */
     uv_timer_t tick;
     uconn_t *conns;
     gift_limits_t limits;
@@ -126,16 +134,21 @@ static int item_cmp(const void *a, const void *b)
 static void drop(uconn_t *u);
 static void on_write(uv_write_t *req, int status);
 
-/* Writes everything collected, in priority order, if no write is in flight. */
+static out_batch_t *collecting(uconn_t *u)
+{
+    return &u->q[(u->head + u->writing) % GIFT__NET_RING];
+}
+
+/* Writes everything collected, in priority order, if the ring has a slot. */
 #define GIFT__NET_EAGER_BYTES (256u << 10)
 
 static void flush(uconn_t *u)
 {
-    out_batch_t *b = &u->q[u->cur];
+    out_batch_t *b = collecting(u);
     size_t nb = 0;
     int rc;
 
-    if (u->writing || !u->connected || b->nitems == 0)
+    if (u->writing >= GIFT__NET_RING - 1 || !u->connected || b->nitems == 0)
         return;
     if (grow((void **)&b->bufs, &b->bufs_cap, 2 * b->nitems, sizeof(uv_buf_t)) < 0) {
         drop(u);
@@ -148,20 +161,23 @@ static void flush(uconn_t *u)
         if (it->len > 0)
             b->bufs[nb++] = uv_buf_init((char *)it->payload, (unsigned)it->len);
     }
-    u->wreq.data = u;
-    if ((rc = uv_write(&u->wreq, (uv_stream_t *)&u->tcp, b->bufs, (unsigned)nb, on_write)) < 0) {
+    b->wreq.data = u;
+    if ((rc = uv_write(&b->wreq, (uv_stream_t *)&u->tcp, b->bufs, (unsigned)nb, on_write)) < 0) {
         drop(u);
         return;
     }
-    u->writing = 1;
-    u->cur = !u->cur;
+    u->writing++;
 }
 
 static void on_write(uv_write_t *req, int status)
 {
     uconn_t *u = req->data;
-    u->writing = 0;
-    batch_release(u->net->c, &u->q[!u->cur]);
+    /* Callbacks come in write order: req is the oldest batch's. */
+    if (u->writing > 0 && req == &u->q[u->head].wreq) {
+        batch_release(u->net->c, &u->q[u->head]);
+        u->head = (u->head + 1) % GIFT__NET_RING;
+        u->writing--;
+    }
     if (status < 0)
         drop(u);
 }
@@ -169,7 +185,7 @@ static void on_write(uv_write_t *req, int status)
 static int queue_item(uconn_t *u, size_t head_len, const void *payload, size_t len, int64_t prio,
                       int *inflight, uint8_t **head)
 {
-    out_batch_t *b = &u->q[u->cur];
+    out_batch_t *b = collecting(u);
     out_item_t *it;
     if (!u->connected)
         return GIFT_ECLOSED;
@@ -190,7 +206,7 @@ static int queue_item(uconn_t *u, size_t head_len, const void *payload, size_t l
 
 static void queue_commit(gift_client_t *c, uconn_t *u, size_t head_len)
 {
-    out_batch_t *b = &u->q[u->cur];
+    out_batch_t *b = collecting(u);
     out_item_t *it = &b->items[b->nitems++];
     b->heads_len += head_len;
     if (it->inflight)
@@ -253,8 +269,9 @@ static void on_tcp_closed(uv_handle_t *h)
     gift__net_t *net = u->net;
     u->tcp_active = 0;
     u->writing = 0;
-    batch_release(net->c, &u->q[0]);
-    batch_release(net->c, &u->q[1]);
+    u->head = 0;
+    for (int i = 0; i < GIFT__NET_RING; i++)
+        batch_release(net->c, &u->q[i]);
     gift_reader_free(u->reader);
     u->reader = NULL;
     if (net->stopping)
@@ -353,7 +370,8 @@ static void on_connect(uv_connect_t *req, int status)
         return;
     }
     u->connected = 1;
-    u->cur = 0;
+    u->head = 0;
+    u->writing = 0;
     gift__eng_conn_up(net->c, u->shard);
 }
 
@@ -389,13 +407,26 @@ static void on_async(uv_async_t *a)
     gift__eng_commands(net->c);
 }
 
-/* The end of every loop turn: start what became possible, then write. */
+static void on_idle(uv_idle_t *h)
+{
+    (void)h;
+}
+
+/* The end of every loop turn: encode the next chunks of pushes still being
+ * encoded, start what became possible, then write. */
 static void on_check(uv_check_t *h)
 {
     gift__net_t *net = h->data;
+    if (!net->stopping)
+        gift__eng_encode_more(net->c);
     gift__eng_turn_end(net->c);
     if (net->stopping)
         return;
+    /* More to encode: the next turn polls without blocking. */
+    if (net->c->nencoding > 0)
+        uv_idle_start(&net->idle, on_idle);
+    else
+        uv_idle_stop(&net->idle);
     for (uint32_t s = 0; s < net->c->nshards; s++)
         flush(&net->conns[s]);
 }
@@ -434,6 +465,7 @@ void gift__net_shutdown(gift_client_t *c)
     }
     uv_close((uv_handle_t *)&net->async, on_closed_noop);
     uv_close((uv_handle_t *)&net->check, on_closed_noop);
+    uv_close((uv_handle_t *)&net->idle, on_closed_noop);
     uv_close((uv_handle_t *)&net->tick, on_closed_noop);
 }
 
@@ -458,6 +490,8 @@ int gift__net_start(gift_client_t *c)
     uv_check_init(&net->loop, &net->check);
     net->check.data = net;
     uv_check_start(&net->check, on_check);
+    uv_idle_init(&net->loop, &net->idle);
+    net->idle.data = net;
     uv_timer_init(&net->loop, &net->tick);
     net->tick.data = net;
     uv_timer_start(&net->tick, on_tick, TICK_MS, TICK_MS);
@@ -498,8 +532,8 @@ void gift__net_join(gift_client_t *c)
     if (uv_loop_close(&net->loop) != 0)
         fprintf(stderr, "giftclient: the event loop still held handles at close\n");
     for (uint32_t s = 0; s < c->nshards; s++) {
-        batch_free(&net->conns[s].q[0]);
-        batch_free(&net->conns[s].q[1]);
+        for (int i = 0; i < GIFT__NET_RING; i++)
+            batch_free(&net->conns[s].q[i]);
     }
     free(net->conns);
     free(net);

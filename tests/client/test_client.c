@@ -1094,6 +1094,73 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* A NaN in the last chunk of a push: the chunks before it are encoded and
+ * sent while the next ones encode, so some reach the shard before the NaN is
+ * found. The push fails with GIFT_ENONFINITE, the NaN never leaves, a retry of
+ * the same step with clean data completes it (the pull returns the clean
+ * mean), and the client stays usable. */
+START_TEST(test_nonfinite)
+{
+    enum { ROWS = 2048, COLS = 1024 }; /* 8 MiB of FP32: 8 chunks of 1 MiB */
+    gift_client_opts_t o = GIFT_CLIENT_OPTS_INIT;
+    gift_tensor_desc_t t = GIFT_TENSOR_INIT;
+    gift_client_t *c = NULL;
+    gift_op_t *push = NULL, *pull = NULL;
+    size_t n = (size_t)ROWS * COLS;
+    float *g = malloc(n * sizeof(float)), *bad = malloc(n * sizeof(float));
+    float *out = malloc(n * sizeof(float));
+    gift_client_stats_t s0, s1;
+    char servers[64];
+    int rc;
+
+    ck_assert(g != NULL && bad != NULL && out != NULL);
+    daemons_start(1, 1);
+    servers_string(servers, sizeof servers);
+    o.servers = servers;
+    o.rank = 0;
+    o.world_size = 1;
+    o.chunk_bytes = 1u << 20;
+    ck_assert_int_eq(gift_client_open(&o, &c), 0);
+    t.name = "w";
+    t.rows = ROWS;
+    t.cols = COLS;
+    t.push_codec = GIFT_CODEC_F32;
+    t.pull_codec = GIFT_CODEC_F32;
+    ck_assert_int_eq(gift_declare(c, &t, 1), 0);
+    for (int step = 0; step < 3; step++) {
+        gen(g, n, step, 0, 7, 1.0);
+        memcpy(bad, g, n * sizeof(float));
+        bad[n - 1] = step == 1 ? INFINITY : NAN;
+        gift_client_stats(c, &s0);
+        ck_assert_int_eq(gift_push(c, 0, (uint64_t)step, bad, NULL, NULL, &push), 0);
+        rc = gift_op_wait(push);
+        ck_assert_msg(rc == GIFT_ENONFINITE, "step %d: push with a NaN: %s", step,
+                      gift_strerror(rc));
+        gift_op_free(push);
+        /* Chunks 0-6 went out while the next ones encoded; chunk 7 never. */
+        gift_client_stats(c, &s1);
+        ck_assert_msg(s1.frames_out - s0.frames_out >= 1 && s1.frames_out - s0.frames_out <= 7,
+                      "step %d: %llu frames out for the failed push (want 1-7)", step,
+                      (unsigned long long)(s1.frames_out - s0.frames_out));
+        /* The same step again, clean. */
+        memset(out, 0, n * sizeof(float));
+        ck_assert_int_eq(gift_push_pull(c, 0, (uint64_t)step, g, out, NULL, NULL, &pull), 0);
+        rc = gift_op_wait(pull);
+        ck_assert_msg(rc == 0, "step %d: clean retry: %s", step, gift_strerror(rc));
+        gift_op_free(pull);
+        for (size_t i = 0; i < n; i++)
+            if (out[i] != g[i])
+                ck_abort_msg("step %d: element %zu is %g, want %g", step, i, (double)out[i],
+                             (double)g[i]);
+    }
+    gift_client_close(c);
+    daemons_stop();
+    free(g);
+    free(bad);
+    free(out);
+}
+END_TEST
+
 static Suite *client_suite(void)
 {
     Suite *s = suite_create("client");
@@ -1101,6 +1168,7 @@ static Suite *client_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_timeout);
+    tcase_add_test(tc, test_nonfinite);
     tcase_add_test(tc, test_frames);
     tcase_add_test(tc, test_acceptance);
     tcase_add_test(tc, test_restart);

@@ -128,7 +128,17 @@ typedef void (*gift_op_cb)(gift_op_t *op, int status, void *arg);
  * stochastic, priority), into buckets that travel as one tensor: such a
  * push is sent, and completes, once every tensor of its bucket has been
  * pushed for that step. Start all of a step's pushes before waiting on any
- * of them (gift_push_pull for each tensor, then wait). */
+ * of them (gift_push_pull for each tensor, then wait).
+ *
+ * grad must stay valid until *op completes: chunks are encoded a few per
+ * I/O-loop turn, each sent as soon as it is encoded. A chunk holding NaN or
+ * Inf (after the transform and error feedback) is never sent: the op fails
+ * with GIFT_ENONFINITE. The chunks before it may already have reached their
+ * shards, which keep them: pushing the same step again (with finite data) is
+ * allowed and completes the step, the shards acknowledging those chunks as
+ * duplicates and keeping their first copy, so push the same values again
+ * (for a worker, data differing there is not seen). Error feedback has then
+ * already taken those chunks' residual. */
 int gift_push(gift_client_t *c, uint32_t id, uint64_t step, const float *grad, gift_op_cb cb,
               void *arg, gift_op_t **op);
 
