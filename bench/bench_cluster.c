@@ -547,25 +547,6 @@ static int read_all(int fd, void *buf, size_t len)
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-/* Nearest-rank percentile q in [0, 1] of v[0..n) (sorts v). */
-static double percentile(double *v, size_t n, double q)
-{
-    size_t i;
-
-    if (n == 0)
-        return NAN;
-    qsort(v, n, sizeof *v, cmp_double);
-    i = (size_t)ceil(q * (double)n);
-    return v[i > 0 ? i - 1 : 0];
-}
-
 /* ------------------------------------------------------------------ */
 /* Raw TCP baseline                                                    */
 
@@ -691,8 +672,8 @@ static int raw_tcp(const cl_opts_t *o, cl_raw_t *r)
     memcpy(tmp, r->ss, (size_t)r->reps * sizeof *tmp);
     r->stream_gbps = (double)bytes / bench_median(tmp, (size_t)r->reps) / 1e9;
     memcpy(tmp, r->rt, (size_t)r->iters * sizeof *tmp);
-    r->rtt_p50_s = percentile(tmp, (size_t)r->iters, 0.5);
-    r->rtt_p99_s = percentile(tmp, (size_t)r->iters, 0.99);
+    r->rtt_p50_s = bench_percentile(tmp, (size_t)r->iters, 0.5);
+    r->rtt_p99_s = bench_percentile(tmp, (size_t)r->iters, 0.99);
     rc = 0;
 out:
     if (fd >= 0)
@@ -931,7 +912,7 @@ static int run_probe(cl_worker_ctx_t *x, gift_client_t *c, uint32_t id, uint64_t
             t[s - warm] = bench_now() - t0;
     }
     m->probe_n = n;
-    m->p50_s = percentile(t, (size_t)n, 0.5);
+    m->p50_s = bench_percentile(t, (size_t)n, 0.5);
 out:
     free(t);
     return rc;
@@ -1258,8 +1239,8 @@ static int run_workers(const cl_opts_t *o, const cl_tensor_t *list, int nt, cl_r
             if (tmp == NULL)
                 goto out;
             memcpy(tmp, row->steps_all, (size_t)row->nall * sizeof(double));
-            row->p50_ms = 1e3 * percentile(tmp, (size_t)row->nall, 0.5);
-            row->p99_ms = 1e3 * percentile(tmp, (size_t)row->nall, 0.99);
+            row->p50_ms = 1e3 * bench_percentile(tmp, (size_t)row->nall, 0.5);
+            row->p99_ms = 1e3 * bench_percentile(tmp, (size_t)row->nall, 0.99);
             free(tmp);
         }
     }

@@ -31,6 +31,17 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+double bench_percentile(double *v, size_t n, double q)
+{
+    size_t i;
+
+    if (n == 0)
+        return NAN;
+    qsort(v, n, sizeof *v, cmp_double);
+    i = (size_t)ceil(q * (double)n);
+    return v[i > 0 ? i - 1 : 0];
+}
+
 double bench_median(double *v, size_t n)
 {
     if (n == 0)

@@ -24,6 +24,8 @@ void bench_fidelity_usage(FILE *f);
 double bench_now(void);
 /* Median of v[0..n) (sorts v in place); NaN when n == 0. */
 double bench_median(double *v, size_t n);
+/* Nearest-rank percentile q in [0, 1] of v[0..n) (sorts v); NAN when n is 0. */
+double bench_percentile(double *v, size_t n, double q);
 
 /* 64-byte aligned, zero-filled allocation of n bytes, so every page is
  * touched before anything is timed. NULL on failure. Free with free(). */

@@ -31,6 +31,7 @@
 #include <uv.h>
 
 #include "client_internal.h"
+#include "gift_util.h"
 
 #define TICK_MS 10
 #define GIFT__NET_RING 8 /* batches per connection: in flight + the collecting one */
@@ -89,21 +90,6 @@ uint64_t gift__now_ns(void)
 /* Write queue                                                           */
 /* ------------------------------------------------------------------ */
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    size_t ncap = *cap ? *cap : 16;
-    void *np;
-    if (need <= *cap)
-        return 0;
-    while (ncap < need)
-        ncap *= 2;
-    if ((np = realloc(*p, ncap * elem)) == NULL)
-        return GIFT_ENOMEM;
-    *p = np;
-    *cap = ncap;
-    return 0;
-}
-
 static void batch_release(gift_client_t *c, out_batch_t *b)
 {
     for (size_t i = 0; i < b->nitems; i++)
@@ -150,7 +136,7 @@ static void flush(uconn_t *u)
 
     if (u->writing >= GIFT__NET_RING - 1 || !u->connected || b->nitems == 0)
         return;
-    if (grow((void **)&b->bufs, &b->bufs_cap, 2 * b->nitems, sizeof(uv_buf_t)) < 0) {
+    if (gift_grow((void **)&b->bufs, &b->bufs_cap, 2 * b->nitems, sizeof(uv_buf_t)) < 0) {
         drop(u);
         return;
     }
@@ -189,8 +175,8 @@ static int queue_item(uconn_t *u, size_t head_len, const void *payload, size_t l
     out_item_t *it;
     if (!u->connected)
         return GIFT_ECLOSED;
-    if (grow((void **)&b->heads, &b->heads_cap, b->heads_len + head_len, 1) < 0 ||
-        grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(out_item_t)) < 0)
+    if (gift_grow((void **)&b->heads, &b->heads_cap, b->heads_len + head_len, 1) < 0 ||
+        gift_grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(out_item_t)) < 0)
         return GIFT_ENOMEM;
     it = &b->items[b->nitems];
     it->head_off = b->heads_len;

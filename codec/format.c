@@ -548,6 +548,24 @@ static const gift__minifmt_t *fp8_fmt(gift_format_t f)
     return f == GIFT_FMT_E4M3 ? &gift__fmt_e4m3 : &gift__fmt_e5m2;
 }
 
+/* What every encoder does first: check the arguments, lay the payload out,
+ * and zero its padding so that equal inputs give equal bytes. */
+static int encode_begin(const gift_codec_params_t *p, const float *x, size_t n, void *payload,
+                        size_t cap, gift_layout_t *l)
+{
+    uint8_t *out = payload;
+    int rc;
+    if (p == NULL || (x == NULL && n > 0) || payload == NULL)
+        return GIFT_EINVAL;
+    if ((rc = gift_layout(p, n, l)) < 0)
+        return rc;
+    if (cap < l->total)
+        return GIFT_ENOSPC;
+    memset(out + l->scale_bytes, 0, l->code_off - l->scale_bytes);
+    memset(out + l->code_off + l->code_bytes, 0, l->total - l->code_off - l->code_bytes);
+    return 0;
+}
+
 int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *payload, size_t cap)
 {
     gift_layout_t l;
@@ -555,16 +573,8 @@ int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *pa
     uint8_t *out = payload;
     int rc;
 
-    if (p == NULL || (x == NULL && n > 0) || payload == NULL)
-        return GIFT_EINVAL;
-    if ((rc = gift_layout(p, n, &l)) < 0)
+    if ((rc = encode_begin(p, x, n, payload, cap, &l)) < 0)
         return rc;
-    if (cap < l.total)
-        return GIFT_ENOSPC;
-    /* Zero the padding so that equal inputs give equal bytes. */
-    memset(out + l.scale_bytes, 0, l.code_off - l.scale_bytes);
-    memset(out + l.code_off + l.code_bytes, 0, l.total - l.code_off - l.code_bytes);
-
     switch (p->fmt) {
     case GIFT_FMT_F32:
         return k->f32_encode(x, n, (float *)(out + l.code_off));
@@ -626,15 +636,10 @@ int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, flo
     size_t slice = MEAN_SLICE;
     int rc = 0;
 
-    if (p == NULL || (x == NULL && n > 0) || payload == NULL || p->stochastic ||
-        !(scale > 0.0f) || scale > FLT_MAX)
+    if (p != NULL && (p->stochastic || !(scale > 0.0f) || scale > FLT_MAX))
         return GIFT_EINVAL;
-    if ((rc = gift_layout(p, n, &l)) < 0)
+    if ((rc = encode_begin(p, x, n, payload, cap, &l)) < 0)
         return rc;
-    if (cap < l.total)
-        return GIFT_ENOSPC;
-    memset(out + l.scale_bytes, 0, l.code_off - l.scale_bytes);
-    memset(out + l.code_off + l.code_bytes, 0, l.total - l.code_off - l.code_bytes);
     if ((p->fmt == GIFT_FMT_E4M3 || p->fmt == GIFT_FMT_E5M2) && l.block > MEAN_SLICE) {
         /* Blocks larger than the stack slice (rare): one slice per block. */
         slice = l.block;

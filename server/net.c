@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "gift_util.h"
 #include "log.h"
 #include "server.h"
 
@@ -120,21 +121,6 @@ static void batch_free(out_batch_t *b)
     memset(b, 0, sizeof *b);
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    size_t ncap = *cap ? *cap : 16;
-    void *np;
-    if (need <= *cap)
-        return 0;
-    while (ncap < need)
-        ncap *= 2;
-    if ((np = realloc(*p, ncap * elem)) == NULL)
-        return GIFT_ENOMEM;
-    *p = np;
-    *cap = ncap;
-    return 0;
-}
-
 static uint64_t queued_bytes(const conn_t *c)
 {
     return c->q[0].bytes + c->q[1].bytes;
@@ -154,7 +140,7 @@ static void conn_flush(conn_t *c)
 
     if (c->writing || b->nitems == 0)
         return;
-    if (grow((void **)&b->bufs, &b->bufs_cap, 2 * b->nitems, sizeof(uv_buf_t)) < 0) {
+    if (gift_grow((void **)&b->bufs, &b->bufs_cap, 2 * b->nitems, sizeof(uv_buf_t)) < 0) {
         GIFT_LOG_ERROR(c->id, "out of memory queueing a write; closing");
         conn_close(c);
         return;
@@ -224,8 +210,8 @@ static int io_send(void *ctx, const uint8_t *head, size_t head_len, gift_rbuf_t 
 
     if (c->closing && c->peer == NULL)
         return GIFT_ECLOSED;
-    if (grow((void **)&b->heads, &b->heads_cap, b->heads_len + head_len, 1) < 0 ||
-        grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(out_item_t)) < 0)
+    if (gift_grow((void **)&b->heads, &b->heads_cap, b->heads_len + head_len, 1) < 0 ||
+        gift_grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(out_item_t)) < 0)
         return GIFT_ENOMEM;
     it = &b->items[b->nitems++];
     memcpy(b->heads + b->heads_len, head, head_len);
