@@ -329,7 +329,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         }
         GIFT__STAT_ADD(c, frames_in, 1);
         GIFT__STAT_ADD(c, bytes_in,
-                       GIFT_PREAMBLE_BYTES + gift__envelope__get_packed_size(f.env) +
+                       GIFT_PREAMBLE_BYTES + f.header_len +
                            f.payload_len);
         if (gift__eng_frame(c, u->shard, &f) < 0) {
             drop(u);

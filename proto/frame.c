@@ -411,6 +411,7 @@ int gift_reader_next(gift_reader_t *r, gift_frame_t *f)
         return r->err;
     }
     f->env = env;
+    f->header_len = (uint32_t)hlen;
     f->payload_len = r->head_total - GIFT_PREAMBLE_BYTES - hlen;
     f->payload = f->payload_len ? p + GIFT_PREAMBLE_BYTES + hlen : NULL;
     r->rpos += r->head_total;

@@ -40,6 +40,7 @@ typedef struct gift_limits {
  * gift_reader_free on the same reader. */
 typedef struct gift_frame {
     Gift__Envelope *env;    /* the header; env->msg_case says which message */
+    uint32_t header_len;    /* bytes of the packed header on the wire */
     const uint8_t *payload; /* payload_len bytes (NULL when 0) */
     uint64_t payload_len;
 } gift_frame_t;

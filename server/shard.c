@@ -1317,7 +1317,7 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
     if (p->closing)
         return GIFT_ECLOSED;
     s->c.frames_in++;
-    s->c.bytes_in += GIFT_PREAMBLE_BYTES + gift__envelope__get_packed_size(env) + f->payload_len;
+    s->c.bytes_in += GIFT_PREAMBLE_BYTES + f->header_len + f->payload_len;
     if (env->msg_case != GIFT__ENVELOPE__MSG_PUSH && env->msg_case != GIFT__ENVELOPE__MSG_SKETCH &&
         f->payload_len != 0) {
         send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "%s carries a payload of %" PRIu64 " bytes",

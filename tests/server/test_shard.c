@@ -304,6 +304,7 @@ static int feed(fake_t *fp, Gift__Envelope *env, const void *payload, size_t len
 {
     gift_frame_t f;
     f.env = env;
+    f.header_len = (uint32_t)gift__envelope__get_packed_size(env); /* as the reader sets it */
     f.payload = payload;
     f.payload_len = len;
     return gift_shard_handle(S, fp->p, &f);
