@@ -8,6 +8,8 @@ PKGS=(
   libuv1-dev libprotobuf-c-dev protobuf-c-compiler libjemalloc-dev check
   libopenblas-dev libopenblas0-pthread liblapacke-dev libinih-dev libsodium-dev
   curl prometheus
+  python3-torch python3-numpy python3-pytest python3-matplotlib
+  python3-jsonschema scdoc iproute2
 )
 
 missing=()
