@@ -4,12 +4,12 @@
 set -euo pipefail
 
 PKGS=(
-  build-essential cmake pkg-config clang-format
+  build-essential cmake pkg-config clang-format clang libclang-rt-dev
   libuv1-dev libprotobuf-c-dev protobuf-c-compiler libjemalloc-dev check
   libopenblas-dev libopenblas0-pthread liblapacke-dev libinih-dev libsodium-dev
   curl prometheus
   python3-torch python3-numpy python3-pytest python3-matplotlib
-  python3-jsonschema scdoc iproute2
+  python3-jsonschema python3-yaml scdoc iproute2 systemd
 )
 
 missing=()
