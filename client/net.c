@@ -25,8 +25,11 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <uv.h>
 
@@ -338,6 +341,33 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
     }
 }
 
+/* A shard that vanished while this connection was idle (a parked pull, say:
+ * its host rebooted, or a link went down and the shard dropped us) leaves a
+ * half-open socket that no read or write would ever notice. Keepalive probes
+ * after GIFT__NET_KEEPIDLE_S idle seconds, every GIFT__NET_KEEPINTVL_S, find
+ * it within about a quarter of a minute (the reset that answers a probe, or
+ * GIFT__NET_KEEPCNT silent probes), and unacknowledged data older than
+ * GIFT__NET_USER_TIMEOUT_MS fails the socket as well; either way the
+ * connection drops, reconnects and replays. Best effort: a failure here only
+ * loses the early warning. */
+#define GIFT__NET_KEEPIDLE_S 5
+#define GIFT__NET_KEEPINTVL_S 2
+#define GIFT__NET_KEEPCNT 4
+#define GIFT__NET_USER_TIMEOUT_MS 30000
+static void keepalive(uv_tcp_t *tcp)
+{
+    uv_os_fd_t fd;
+    int v;
+    if (uv_tcp_keepalive(tcp, 1, GIFT__NET_KEEPIDLE_S) < 0 || uv_fileno((uv_handle_t *)tcp, &fd) < 0)
+        return;
+    v = GIFT__NET_KEEPINTVL_S;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &v, sizeof v);
+    v = GIFT__NET_KEEPCNT;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &v, sizeof v);
+    v = GIFT__NET_USER_TIMEOUT_MS;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &v, sizeof v);
+}
+
 static void on_connect(uv_connect_t *req, int status)
 {
     uconn_t *u = req->data;
@@ -350,6 +380,7 @@ static void on_connect(uv_connect_t *req, int status)
         return;
     }
     uv_tcp_nodelay(&u->tcp, 1);
+    keepalive(&u->tcp);
     if ((u->reader = gift_reader_new(&net->limits)) == NULL ||
         uv_read_start((uv_stream_t *)&u->tcp, on_alloc, on_read) < 0) {
         uv_close((uv_handle_t *)&u->tcp, on_tcp_closed);
