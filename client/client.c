@@ -432,6 +432,8 @@ static void client_free(gift_client_t *c)
     free(c->all_ops);
     free(c->conns);
     free(c->addrs);
+    gift_auth_key_clear(c->auth);
+    free(c->auth);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -485,6 +487,20 @@ int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
         snprintf(c->name, sizeof c->name, "%s", v);
     else
         snprintf(c->name, sizeof c->name, "gift-%ld", (long)getpid());
+    v = o.auth_key_file != NULL ? o.auth_key_file : getenv("GIFT_AUTH_KEY_FILE");
+    if (v != NULL && *v != '\0') {
+        char err[512], warn[512];
+        rc = GIFT_ENOMEM;
+        if ((c->auth = malloc(sizeof *c->auth)) == NULL)
+            goto fail;
+        rc = GIFT_EAUTH;
+        if (gift_auth_key_load(v, c->auth, err, sizeof err, warn, sizeof warn) < 0) {
+            fprintf(stderr, "giftclient: %s\n", err);
+            goto fail;
+        }
+        if (warn[0])
+            fprintf(stderr, "giftclient: warning: %s\n", warn);
+    }
     rc = GIFT_ENOMEM;
     if ((c->conns = calloc(c->nshards, sizeof *c->conns)) == NULL)
         goto fail;

@@ -31,6 +31,7 @@
 
 #include "gift/client.h"
 #include "gift_codec.h"
+#include "gift_auth.h"
 #include "gift_proto.h"
 #include "placement.h"
 
@@ -219,6 +220,11 @@ typedef struct gift__conn {
     int lost;       /* dropped after being ready: the next READY is a reconnect */
     int declared;   /* a DeclareAck arrived */
     uint64_t max_frame;
+    /* Authentication of this connection (gift.proto): */
+    int challenged;                             /* an AuthChallenge arrived */
+    uint8_t cnonce[GIFT_AUTH_NONCE_BYTES];      /* ours, sent in both Hellos */
+    uint8_t snonce[GIFT_AUTH_NONCE_BYTES];      /* the shard's */
+    uint8_t hello_mac[GIFT_AUTH_MAC_BYTES];     /* what our second Hello carried */
 } gift__conn_t;
 
 typedef struct gift__net gift__net_t;
@@ -232,6 +238,7 @@ struct gift_client {
     uint32_t timeout_ms, connect_timeout_ms, backoff_max_ms;
     uint64_t seed;
     char name[128];
+    gift_auth_key_t *auth; /* the shared secret, or NULL: no authentication */
     /* The declared list (immutable after gift_declare). */
     int declared;       /* caller: operations may start */
     uint64_t max_frame; /* smallest max_frame_bytes of the shards, from open */

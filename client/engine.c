@@ -351,10 +351,13 @@ static void send_sketch(gift_client_t *c, gift__wire_t *w)
         w->sk_unsent = 0;
 }
 
+/* The first Hello of a connection, or (once an AuthChallenge arrived) the
+ * second, which carries the MAC (gift.proto, "Authentication"). */
 static void send_hello(gift_client_t *c, uint32_t shard)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__Hello h = GIFT__HELLO__INIT;
+    gift__conn_t *cn = &c->conns[shard];
     h.protocol_version = GIFT_PROTOCOL_VERSION;
     h.rank = (uint32_t)c->rank;
     h.world_size = (uint32_t)c->world;
@@ -363,6 +366,19 @@ static void send_hello(gift_client_t *c, uint32_t shard)
         h.cluster_digest.len = 8;
     }
     h.client_name = c->name;
+    if (c->auth != NULL) {
+        if (!cn->challenged && gift_auth_nonce(cn->cnonce) < 0) {
+            gift__net_drop(c, shard);
+            return;
+        }
+        h.client_nonce.data = cn->cnonce;
+        h.client_nonce.len = sizeof cn->cnonce;
+        if (cn->challenged) {
+            gift_auth_hello_mac(c->auth, cn->snonce, &h, cn->hello_mac);
+            h.auth_mac.data = cn->hello_mac;
+            h.auth_mac.len = sizeof cn->hello_mac;
+        }
+    }
     env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
     env.hello = &h;
     if (gift__net_queue(c, shard, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) < 0)
@@ -888,6 +904,7 @@ void gift__eng_conn_up(gift_client_t *c, uint32_t shard)
 {
     c->conns[shard].err = 0;
     c->conns[shard].state = GIFT__CONN_HELLO;
+    c->conns[shard].challenged = 0;
     send_hello(c, shard);
 }
 
@@ -948,6 +965,24 @@ static void resync(gift_client_t *c, uint32_t shard, int replay)
     }
 }
 
+/* The shard requires authentication: answer with a Hello that carries the
+ * MAC, or, without a key, with one that does not (the shard then refuses it
+ * with GIFT_EAUTH). */
+static int on_auth_challenge(gift_client_t *c, uint32_t shard, const Gift__AuthChallenge *m)
+{
+    gift__conn_t *cn = &c->conns[shard];
+    if (cn->state != GIFT__CONN_HELLO || cn->challenged ||
+        m->server_nonce.len != GIFT_AUTH_NONCE_BYTES)
+        return GIFT_EPROTO;
+    memcpy(cn->snonce, m->server_nonce.data, GIFT_AUTH_NONCE_BYTES);
+    cn->challenged = 1;
+    if (c->auth == NULL)
+        fprintf(stderr, "giftclient: shard %u requires authentication; set GIFT_AUTH_KEY_FILE "
+                        "to its key file\n", shard);
+    send_hello(c, shard);
+    return 0;
+}
+
 static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *a)
 {
     gift__conn_t *cn = &c->conns[shard];
@@ -961,6 +996,17 @@ static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *
         cn->err = GIFT_EINVAL;
     } else if (a->world_size != 0 && a->world_size != (uint32_t)c->world) {
         cn->err = GIFT_EWORLD;
+    } else if (c->auth != NULL) {
+        /* The shard must prove the key too, or it gets no gradients. */
+        uint8_t want[GIFT_AUTH_MAC_BYTES] = {0};
+        if (cn->challenged)
+            gift_auth_ack_mac(c->auth, cn->snonce, cn->cnonce, cn->hello_mac, want);
+        if (!cn->challenged || gift_auth_verify(a->auth_mac.data, a->auth_mac.len, want) < 0) {
+            fprintf(stderr, "giftclient: shard %u %s; refusing it\n", shard,
+                    cn->challenged ? "failed to prove the shared key"
+                                   : "does not ask for authentication, but a key is set");
+            cn->err = GIFT_EAUTH;
+        }
     }
     if (cn->err) {
         check_cmds(c);
@@ -1189,9 +1235,12 @@ int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
         env->msg_case != GIFT__ENVELOPE__MSG_GEOMETRY && f->payload_len != 0)
         return GIFT_EPROTO;
     if (cn->state == GIFT__CONN_HELLO && env->msg_case != GIFT__ENVELOPE__MSG_HELLO_ACK &&
+        env->msg_case != GIFT__ENVELOPE__MSG_AUTH_CHALLENGE &&
         env->msg_case != GIFT__ENVELOPE__MSG_ERROR)
         return GIFT_EPROTO;
     switch (env->msg_case) {
+    case GIFT__ENVELOPE__MSG_AUTH_CHALLENGE:
+        return on_auth_challenge(c, shard, env->auth_challenge);
     case GIFT__ENVELOPE__MSG_HELLO_ACK:
         return on_hello_ack(c, shard, env->hello_ack);
     case GIFT__ENVELOPE__MSG_DECLARE_ACK:

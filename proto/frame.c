@@ -69,6 +69,8 @@ struct gift_reader {
     size_t head_total; /* size of the frame at rpos once its preamble passed; 0 before */
     uint32_t max_header;
     uint64_t max_frame;
+    uint32_t handshake; /* frames at the start that may carry no payload */
+    uint64_t frames;    /* frames returned so far */
     int err; /* sticky stream error, 0 while the stream is sound */
     uint64_t allocs;
     arena_t arena;
@@ -188,6 +190,7 @@ gift_reader_t *gift_reader_new(const gift_limits_t *lim)
     r->allocs = 1;
     r->max_header = lim && lim->max_header_bytes ? lim->max_header_bytes : GIFT_MAX_HEADER_DEFAULT;
     r->max_frame = lim && lim->max_frame_bytes ? lim->max_frame_bytes : GIFT_MAX_FRAME_DEFAULT;
+    r->handshake = lim ? lim->handshake_frames : 0;
     /* Keep every size sum and doubling below SIZE_MAX (a limit only bites on
      * a 32-bit host, or for an absurd max_frame_bytes). */
 #if SIZE_MAX < UINT64_MAX
@@ -257,7 +260,7 @@ static int reader_head(gift_reader_t *r)
         rc = GIFT_EHDRSIZE;
         goto fail;
     }
-    if (plen > r->max_frame) {
+    if (plen > r->max_frame || (plen > 0 && r->frames < r->handshake)) {
         rc = GIFT_EFRAMESIZE;
         goto fail;
     }
@@ -416,6 +419,7 @@ int gift_reader_next(gift_reader_t *r, gift_frame_t *f)
     f->payload = f->payload_len ? p + GIFT_PREAMBLE_BYTES + hlen : NULL;
     r->rpos += r->head_total;
     r->head_total = 0;
+    r->frames++;
     return 1;
 }
 
@@ -502,6 +506,8 @@ const char *gift_msg_name(const Gift__Envelope *env)
         return "stats_request";
     case GIFT__ENVELOPE__MSG_STATS:
         return "stats";
+    case GIFT__ENVELOPE__MSG_AUTH_CHALLENGE:
+        return "auth_challenge";
     default:
         return "unknown";
     }

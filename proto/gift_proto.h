@@ -9,7 +9,8 @@
  *
  * Both lengths are checked against the reader's limits before any byte of
  * the frame is buffered beyond the preamble, so a peer cannot make the
- * reader allocate more than 16 + max_header_bytes + max_frame_bytes.
+ * reader allocate more than 16 + max_header_bytes + max_frame_bytes (nor
+ * more than 16 + max_header_bytes during the handshake_frames first frames).
  */
 #ifndef GIFT_PROTO_H
 #define GIFT_PROTO_H
@@ -33,6 +34,14 @@ extern "C" {
 typedef struct gift_limits {
     uint32_t max_header_bytes; /* 0: GIFT_MAX_HEADER_DEFAULT */
     uint64_t max_frame_bytes;  /* largest payload; 0: GIFT_MAX_FRAME_DEFAULT */
+    /* The first handshake_frames frames of the stream must carry no payload
+     * (0: no such rule). Every handshake frame (Hello, AuthChallenge,
+     * HelloAck, the second Hello of authentication) is payload-free, so a
+     * server that reads with 2 here (1 without authentication) cannot be made
+     * to buffer a payload by a peer that has not authenticated: a preamble
+     * announcing one is refused with GIFT_EFRAMESIZE before anything of it is
+     * buffered. */
+    uint32_t handshake_frames;
 } gift_limits_t;
 
 /* One decoded frame. env and payload point into the reader and stay valid

@@ -23,4 +23,17 @@ mkdir -p build
 run_build build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # The sanitizer build skips CUDA: nvcc objects are not instrumented.
 run_build build-asan -DCMAKE_BUILD_TYPE=Debug -DGIFT_SANITIZE=ON -DGIFT_WITH_CUDA=OFF
+
+# Fuzzing: the libFuzzer harnesses of tests/fuzz (clang, ASan, UBSan), built
+# on their own, run from the committed seed corpus for GIFT_FUZZ_SECONDS
+# (60) in all; a crash, leak or timeout fails the script and leaves the input
+# in build-fuzz/fuzz-artifacts/ (add it to tests/fuzz/regressions/).
+echo "== configure build-fuzz (clang, -fsanitize=fuzzer,address,undefined)"
+command -v clang >/dev/null || { echo "clang not found: the fuzz run needs it" >&2; exit 1; }
+cmake -C tests/fuzz/fuzz.cmake -S . -B build-fuzz >build-fuzz.configure.log 2>&1 ||
+  { cat build-fuzz.configure.log; exit 1; }
+echo "== build build-fuzz"
+cmake --build build-fuzz -j "$JOBS" --target fuzz_reader fuzz_shard
+echo "== fuzz for ${GIFT_FUZZ_SECONDS:-60} s"
+tests/fuzz/run.sh build-fuzz "${GIFT_FUZZ_SECONDS:-60}"
 echo "== all tests passed"

@@ -82,9 +82,11 @@ static const gift_config_option_t options[] = {
     /* Storage. */
     {.name = "data_dir", .type = GIFT_CONFIG_STRING, .where = GIFT_CONFIG_IN_ALL,
      .flags = GIFT_CONFIG_NONEMPTY, FIELD(data_dir), .defval = "./giftd-data", .metavar = "DIR",
-     .help = "Directory for checkpoints and state (relative paths start at the\n"
-             "working directory). Not written to yet: checkpoints arrive with the\n"
-             "reliability work."},
+     .help = "Directory for this shard's checkpoint and step log (relative paths\n"
+             "start at the working directory; created when missing). Used only when\n"
+             "checkpoint_steps > 0. One directory per shard and training run (a new\n"
+             "run starts with an empty one): giftd refuses one that holds another\n"
+             "shard's checkpoint, or a corrupt or truncated one."},
 
     /* Limits. */
     {.name = "max_connections", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
@@ -122,19 +124,27 @@ static const gift_config_option_t options[] = {
      FIELD(stall_timeout), .min = 0, .max = 604800, .defval = "0", .metavar = "SECONDS",
      .help = "Fail the pulls of a step that has waited this many seconds. 0 = never."},
     {.name = "aggregate", .type = GIFT_CONFIG_ENUM, .where = GIFT_CONFIG_IN_ALL,
-     FIELD(aggregate), .names = aggregate_names, .defval = "eager",
-     .help = "How pushes are summed: eager adds each push as it arrives; ordered\n"
-             "(adds them in rank order, bit-reproducible) is not implemented yet:\n"
-             "giftd warns and uses eager."},
+     FIELD(aggregate), .names = aggregate_names, .defval = "ordered",
+     .help = "How pushes are summed. ordered: in rank order whatever the arrival\n"
+             "order, so every step's mean is bit-reproducible (each rank's encoded\n"
+             "push is kept until the step completes: 2 x world encoded chunks of\n"
+             "memory per chunk; early arrivals are decoded once more). eager: each\n"
+             "push is added as it arrives (less memory and work; with 3 or more\n"
+             "workers the float sum depends on arrival order)."},
     {.name = "checkpoint_steps", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
      FIELD(checkpoint_steps), .min = 0, .max = INT_MAX, .defval = "0", .metavar = "N",
-     .help = "Write a checkpoint every N steps. 0 = off. Not implemented yet:\n"
-             "accepted and ignored."},
+     .help = "Persistence. N > 0: write a checkpoint to data_dir every N steps and on\n"
+             "SIGTERM, append every finished step to a step log (fsynced before its\n"
+             "pulls are answered) and restore both at start, so a shard killed and\n"
+             "restarted loses nothing acknowledged. 0 = off: nothing is written or\n"
+             "read, and a restarted shard starts empty."},
     {.name = "auth_key_file", .type = GIFT_CONFIG_STRING, .where = GIFT_CONFIG_IN_ALL,
      FIELD(auth_key_file), .defval = "", .metavar = "FILE",
-     .help = "File holding the shared secret for authentication at Hello.\n"
-             "Empty: no authentication. Not implemented yet: giftd refuses to start\n"
-             "when it is set, rather than run unauthenticated."},
+     .help = "File holding the shared secret (16 to 4096 bytes, trailing whitespace\n"
+             "ignored) for HMAC-SHA256 authentication at Hello; workers give the same\n"
+             "file in GIFT_AUTH_KEY_FILE. It must not be readable by other users (chmod\n"
+             "600). giftd refuses to start when it cannot load it. Empty: no\n"
+             "authentication."},
 };
 /* clang-format on */
 

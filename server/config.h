@@ -89,7 +89,7 @@ typedef struct gift_config {
     int stall_timeout; /* seconds before a stalled step fails; 0 = never */
     enum gift_aggregate aggregate;
     int checkpoint_steps;                     /* checkpoint every N steps; 0 = off */
-    char auth_key_file[GIFT_CONFIG_PATH_MAX]; /* "" = no authentication (reserved) */
+    char auth_key_file[GIFT_CONFIG_PATH_MAX]; /* "" = no authentication */
     /* The file that was read ("" = none). */
     char config[GIFT_CONFIG_PATH_MAX];
     /* Actions requested on the command line; the caller acts on them. */

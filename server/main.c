@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "gift_auth.h"
 #include "gift_codec.h"
 #include "log.h"
 #include "server.h"
@@ -36,6 +37,7 @@ static void reload_log_level(void *arg)
 int main(int argc, char **argv)
 {
     static gift_config_t c;
+    static gift_auth_key_t auth_key; /* static: 4 KiB, and it must outlive the shard */
     gift_server_opts_t o;
     gift_server_t *srv = NULL;
     reload_ctx_t rctx = {argc, argv};
@@ -62,15 +64,20 @@ int main(int argc, char **argv)
     gift_log_set_shard(c.shard_id);
     if (c.auth_key_file[0]) {
         /* Running without the authentication a user asked for would be worse
-         * than not running. */
-        GIFT_LOG_ERROR(0, "auth_key_file is set, but authentication is not implemented in this "
-                          "version; refusing to start unauthenticated");
-        return 2;
+         * than not running: a key that cannot be loaded stops giftd. */
+        char warn[512];
+        if (gift_auth_key_load(c.auth_key_file, &auth_key, err, sizeof err, warn, sizeof warn) <
+            0) {
+            GIFT_LOG_ERROR(0, "%s; refusing to start unauthenticated", err);
+            return 2;
+        }
+        if (warn[0])
+            GIFT_LOG_WARN(0, "%s; chmod 600 it", warn);
+        GIFT_LOG_INFO(0, "authentication on: workers must prove the key of %s at Hello",
+                      c.auth_key_file);
     }
-    if (c.aggregate != GIFT_AGGREGATE_EAGER)
-        GIFT_LOG_WARN(0, "aggregate = ordered is not implemented yet; using eager");
-    /* data_dir holds checkpoints (the reliability issue); nothing is written
-     * there yet, so it is not created. */
+    /* data_dir is created, read and written only with checkpoint_steps > 0
+     * (gift_server_new restores from it before listening). */
 
     memset(&o, 0, sizeof o);
     o.bind = c.bind;
@@ -89,6 +96,10 @@ int main(int argc, char **argv)
     o.shard.hits_every = 100; /* the boundary-hit measurement is a slow scalar pass */
     o.shard.stall_warn_s = (uint32_t)c.stall_warn;
     o.shard.stall_timeout_s = (uint32_t)c.stall_timeout;
+    o.shard.aggregate = c.aggregate == GIFT_AGGREGATE_EAGER ? GIFT_SHARD_EAGER : GIFT_SHARD_ORDERED;
+    o.shard.data_dir = c.data_dir;
+    o.shard.checkpoint_steps = (uint32_t)c.checkpoint_steps;
+    o.shard.auth = c.auth_key_file[0] ? &auth_key : NULL;
     o.reload_cb = reload_log_level;
     o.reload_arg = &rctx;
     if ((rc = gift_server_new(&o, &srv, err, sizeof err)) < 0) {
@@ -104,5 +115,6 @@ int main(int argc, char **argv)
     fflush(stdout);
     rc = gift_server_run(srv);
     gift_server_free(srv);
+    gift_auth_key_clear(&auth_key);
     return rc < 0 ? 1 : 0;
 }

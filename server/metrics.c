@@ -192,6 +192,65 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
         label_escape(ts.name, name, sizeof name);
         P("giftd_tensor_missing_ranks{key=\"%u\",tensor=\"%s\"} %u\n", ts.key, name, ts.missing);
     }
+    P("# HELP giftd_tensor_step Oldest unfinished step of a tensor on this shard.\n"
+      "# TYPE giftd_tensor_step gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.has_step)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_tensor_step{key=\"%u\",tensor=\"%s\"} %llu\n", ts.key, name,
+          (unsigned long long)ts.step);
+    }
+    /* Which ranks a partly pushed step waits for (the first 32 per tensor):
+     * the stall diagnosis, also logged after stall_warn. */
+    P("# HELP giftd_tensor_missing_rank 1 for each rank that has not pushed a partly pushed "
+      "oldest step (first 32 ranks per tensor).\n"
+      "# TYPE giftd_tensor_missing_rank gauge\n");
+    {
+        uint32_t w = gift_shard_world_size(s);
+        size_t words = (w + 63) / 64;
+        uint64_t *bm = words ? calloc(words, sizeof *bm) : NULL;
+        for (size_t i = 0; bm != NULL && i < gift_shard_tensor_count(s); i++) {
+            gift_tensor_status_t ts;
+            char name[256];
+            uint32_t shown = 0;
+            if (gift_shard_tensor_status(s, i, &ts, bm, words) < 0 || !ts.has_step ||
+                ts.missing == 0 || ts.missing >= w)
+                continue;
+            label_escape(ts.name, name, sizeof name);
+            for (uint32_t r = 0; r < w && shown < 32; r++)
+                if ((bm[r >> 6] >> (r & 63)) & 1u) {
+                    P("giftd_tensor_missing_rank{key=\"%u\",tensor=\"%s\",step=\"%llu\","
+                      "rank=\"%u\"} 1\n",
+                      ts.key, name, (unsigned long long)ts.step, r);
+                    shown++;
+                }
+        }
+        free(bm);
+    }
+    P("# HELP giftd_checkpoints_total Checkpoints written to data_dir.\n"
+      "# TYPE giftd_checkpoints_total counter\n"
+      "giftd_checkpoints_total %llu\n"
+      "# HELP giftd_checkpoint_failures_total Checkpoints that could not be written.\n"
+      "# TYPE giftd_checkpoint_failures_total counter\n"
+      "giftd_checkpoint_failures_total %llu\n"
+      "# HELP giftd_step_log_records_total Records appended (and fsynced) to the step log.\n"
+      "# TYPE giftd_step_log_records_total counter\n"
+      "giftd_step_log_records_total %llu\n"
+      "# HELP giftd_step_log_bytes_total Bytes appended to the step log.\n"
+      "# TYPE giftd_step_log_bytes_total counter\n"
+      "giftd_step_log_bytes_total %llu\n"
+      "# HELP giftd_step_log_failures_total Step-log appends that failed (their pulls fail).\n"
+      "# TYPE giftd_step_log_failures_total counter\n"
+      "giftd_step_log_failures_total %llu\n"
+      "# HELP giftd_restored_step Oldest unfinished step restored at start (0: none).\n"
+      "# TYPE giftd_restored_step gauge\n"
+      "giftd_restored_step %llu\n",
+      (unsigned long long)c->checkpoints, (unsigned long long)c->checkpoint_failures,
+      (unsigned long long)c->log_records, (unsigned long long)c->log_bytes,
+      (unsigned long long)c->log_failures, (unsigned long long)c->restored_step);
     P("# HELP giftd_world_size Ranks in the cluster (0 until the first Hello).\n"
       "# TYPE giftd_world_size gauge\n"
       "giftd_world_size %u\n"

@@ -83,6 +83,7 @@ struct gift_server {
     int http_on;
     uv_signal_t sigterm, sigint, sighup;
     uv_timer_t tick;
+    uv_check_t flush; /* group commit of the step log, once per loop turn */
     gift_shard_t *shard;
     gift_limits_t limits;
     conn_t *conns;
@@ -511,9 +512,18 @@ static void drain(gift_server_t *s)
         }
     }
     uv_close((uv_handle_t *)&s->tick, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&s->flush, on_handle_closed_noop);
     uv_close((uv_handle_t *)&s->sigterm, on_handle_closed_noop);
     uv_close((uv_handle_t *)&s->sigint, on_handle_closed_noop);
     uv_close((uv_handle_t *)&s->sighup, on_handle_closed_noop);
+}
+
+/* After each turn's I/O callbacks: one fdatasync for every step finished in
+ * the turn, then the pulls that waited for it are answered. */
+static void on_flush(uv_check_t *h)
+{
+    gift_server_t *s = h->data;
+    gift_shard_flush(s->shard);
 }
 
 static void on_tick(uv_timer_t *t)
@@ -539,6 +549,14 @@ static void on_signal(uv_signal_t *h, int signum)
     }
     GIFT_LOG_INFO(0, "%s: finishing in-flight replies, then exiting (again to exit now)",
              signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    {
+        /* Nothing is read from here on, so this is the final state. */
+        char err[512];
+        gift_shard_flush(s->shard);
+        if (gift_shard_checkpoint(s->shard, err, sizeof err) < 0)
+            GIFT_LOG_ERROR(0, "checkpoint at exit failed: %s (the step log still holds every "
+                              "finished step)", err);
+    }
     /* The signal handles close in drain(): a second signal reaches these. */
     signal(SIGTERM, exit_now);
     signal(SIGINT, exit_now);
@@ -586,7 +604,12 @@ int gift_server_new(const gift_server_opts_t *o, gift_server_t **out, char *err,
         s->o.write_queue_bytes = 256ull << 20;
     s->limits.max_header_bytes = o->max_header_bytes;
     s->limits.max_frame_bytes = o->max_frame_bytes;
+    /* With authentication, Hello and its answer to the challenge come first
+     * and carry no payload: an unauthenticated peer cannot make giftd buffer
+     * a large frame (proto/gift_proto.h). */
+    s->limits.handshake_frames = o->shard.auth ? 2 : 0;
     s->o.shard.max_frame_bytes = o->max_frame_bytes;
+    s->o.shard.group_commit = 1; /* on_flush calls gift_shard_flush every turn */
     s->pi.started_unix = (uint64_t)time(NULL);
     if ((rc = uv_loop_init(&s->loop)) < 0) {
         snprintf(err, errlen, "uv_loop_init: %s", uv_strerror(rc));
@@ -598,6 +621,15 @@ int gift_server_new(const gift_server_opts_t *o, gift_server_t **out, char *err,
                  o->shard.shard_id, o->shard.num_shards);
         rc = GIFT_ECONFIG;
         goto fail_loop;
+    }
+    /* A damaged checkpoint or log stops giftd here, before it listens:
+     * serving from half a state would break "nothing acknowledged is lost". */
+    if ((rc = gift_shard_restore(s->shard, err, errlen)) < 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, errlen, "cannot restore the shard's state: %s (refusing to start; move "
+                              "data_dir aside to start empty)", why);
+        goto fail_shard;
     }
     if ((rc = listen_on(s, &s->listener, o->port, on_connection, &s->port, err, errlen)) < 0)
         goto fail_shard;
@@ -621,6 +653,9 @@ int gift_server_new(const gift_server_opts_t *o, gift_server_t **out, char *err,
     uv_timer_init(&s->loop, &s->tick);
     s->tick.data = s;
     uv_timer_start(&s->tick, on_tick, 1000, 1000);
+    uv_check_init(&s->loop, &s->flush);
+    s->flush.data = s;
+    uv_check_start(&s->flush, on_flush);
     signal(SIGPIPE, SIG_IGN);
     *out = s;
     return 0;

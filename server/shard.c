@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
+#include "gift_auth.h"
 #include "gift_codec.h"
 #include "log.h"
 #include "shard.h"
@@ -78,12 +80,19 @@ struct gift_peer {
     int closing;
     uint32_t rank;
     parked_t *parked;
+    int challenged;                        /* authentication: an AuthChallenge was sent */
+    uint8_t nonce[GIFT_AUTH_NONCE_BYTES]; /* ... with this server nonce */
 };
 
 typedef struct slot {
     float *acc;
     uint64_t *ranks; /* bitmap of ranks that pushed */
     uint32_t count;
+    /* Ordered aggregation: every rank's encoded push (world x pay_stride
+     * bytes, allocated at declaration), and how many ranks, from 0, are
+     * already summed into acc (always world when count reaches world). */
+    uint8_t *pay;
+    uint32_t next;
     int64_t epoch; /* -1: no push yet */
     uint64_t t_first;
     int warned; /* the stall warning for this step was logged */
@@ -91,6 +100,7 @@ typedef struct slot {
 
 typedef struct reply {
     int valid;
+    int durable; /* in the step log and synced: its pulls may be answered */
     int err; /* 0, or the code pulls of this step get (e.g. the mean overflowed) */
     uint64_t step;
     uint32_t epoch;
@@ -104,11 +114,13 @@ typedef struct chunk {
     uint32_t id, row_begin, rows;
     size_t n;
     gift_layout_t push_l, pull_l;
+    size_t pay_stride; /* push_l.total rounded up to 64 bytes */
     int started;
     uint64_t base;
     slot_t slot[2];   /* slot[step & 1] for steps base and base + 1 */
     reply_t reply[2]; /* reply[step & 1] for the last two finished steps */
     parked_t *parked;
+    int pending; /* in s->pending: a finished step waits for the log's sync */
 } chunk_t;
 
 typedef struct epoch_rec {
@@ -135,6 +147,8 @@ struct tensor {
     int geo_ok;
     float *ysum;
     double trace_sum;
+    float *yr;  /* ordered: every rank's sketch, world x cols x ks */
+    double *tr; /* ordered: every rank's trace */
     uint64_t *sk_ranks;
     uint32_t sk_count;
     int sk_active;
@@ -164,6 +178,23 @@ struct gift_shard {
     uint64_t placement;
     parked_t *pool;
     parked_t *free_parked;
+    float *scratch; /* ordered: decode target that validates out-of-order pushes */
+    /* The Declare that built the store, packed, for checkpoints. */
+    uint8_t *decl;
+    size_t decl_len;
+    /* Persistence (checkpoint_steps > 0): the open step log of generation
+     * gen, the step at which the next checkpoint is due, and whether a
+     * restore is replaying the log (nothing is logged or answered then). */
+    int persist;
+    gift_log_t log;
+    uint64_t gen;
+    uint64_t ckpt_next;
+    gift_ckpt_buf_t ckpt_buf; /* the checkpoint body, reused from one to the next */
+    int replaying;
+    /* Group commit: chunks whose finished steps wait for gift_shard_flush. */
+    chunk_t **pending;
+    size_t npending;
+    char dir[4096];
     gift_shard_counters_t c;
     uint8_t head[HEAD_MAX];
 };
@@ -312,6 +343,21 @@ gift_shard_t *gift_shard_new(const gift_shard_opts_t *o, const gift_shard_io_t *
     if (!(s->o.damping > 0.0))
         s->o.damping = GIFT_DAMPING_DEFAULT;
     s->io = *io;
+    s->log.fd = -1;
+    s->o.data_dir = NULL;
+    if (o->aggregate != GIFT_SHARD_ORDERED && o->aggregate != GIFT_SHARD_EAGER) {
+        free(s);
+        return NULL;
+    }
+    if (o->checkpoint_steps > 0) {
+        if (o->data_dir == NULL || o->data_dir[0] == '\0' ||
+            strlen(o->data_dir) >= sizeof s->dir) {
+            free(s);
+            return NULL;
+        }
+        strcpy(s->dir, o->data_dir);
+        s->persist = 1;
+    }
     s->world = o->world_size;
     s->words = (s->world + 63) / 64; /* 0 until a Hello sets the world size */
     if ((s->pool = calloc(s->o.max_parked, sizeof *s->pool)) == NULL) {
@@ -332,6 +378,7 @@ static void store_free(gift_shard_t *s)
         for (int j = 0; j < 2; j++) {
             free(ch->slot[j].acc);
             free(ch->slot[j].ranks);
+            free(ch->slot[j].pay);
             gift_rbuf_unref(ch->reply[j].buf);
         }
     }
@@ -342,12 +389,22 @@ static void store_free(gift_shard_t *s)
         if (t->owner && t->geometry) {
             gift_geometry_free(&t->geo);
             free(t->ysum);
+            free(t->yr);
+            free(t->tr);
             free(t->sk_ranks);
             gift_rbuf_unref(t->geo_buf);
         }
     }
     free(s->chunks);
     free(s->tensors);
+    free(s->scratch);
+    free(s->decl);
+    free(s->pending);
+    s->pending = NULL;
+    s->npending = 0;
+    s->scratch = NULL;
+    s->decl = NULL;
+    s->decl_len = 0;
     s->chunks = NULL;
     s->tensors = NULL;
     s->nchunks = s->ntensors = 0;
@@ -359,6 +416,8 @@ void gift_shard_free(gift_shard_t *s)
     if (s == NULL)
         return;
     store_free(s);
+    gift_log_close(&s->log);
+    gift_ckpt_buf_free(&s->ckpt_buf);
     free(s->pool);
     free(s);
 }
@@ -482,7 +541,8 @@ static int publish_geometry(gift_shard_t *s, tensor_t *t, uint64_t valid_from)
 static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_t whylen)
 {
     int rc = GIFT_ENOMEM;
-    size_t nt = d->n_tensors, nc = d->n_chunks;
+    size_t nt = d->n_tensors, nc = d->n_chunks, maxn = 0;
+    int ordered = s->o.aggregate == GIFT_SHARD_ORDERED;
 
     if (nt == 0) {
         snprintf(why, whylen, "the tensor list is empty");
@@ -595,14 +655,27 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
     /* Allocate every buffer now, once: nothing per message afterwards. */
     for (size_t i = 0; i < nc; i++) {
         chunk_t *ch = &s->chunks[i];
+        ch->pay_stride = (ch->push_l.total + 63) & ~(size_t)63;
+        if (ch->n > maxn)
+            maxn = ch->n;
         for (int j = 0; j < 2; j++) {
             if ((ch->slot[j].acc = calloc(ch->n, sizeof(float))) == NULL ||
                 (ch->slot[j].ranks = calloc(s->words, sizeof(uint64_t))) == NULL ||
                 (ch->reply[j].buf = gift_rbuf_new(ch->pull_l.total)) == NULL)
                 goto fail;
+            if (ordered && posix_memalign((void **)&ch->slot[j].pay, 64,
+                                          ch->pay_stride * s->world) != 0) {
+                ch->slot[j].pay = NULL;
+                goto fail;
+            }
             ch->slot[j].epoch = -1;
         }
     }
+    if (ordered && maxn > 0 && (s->scratch = malloc(maxn * sizeof(float))) == NULL)
+        goto fail;
+    if (nc > 0 && (s->pending = calloc(nc, sizeof *s->pending)) == NULL)
+        goto fail;
+    s->npending = 0;
     for (size_t i = 0; i < nt; i++) {
         tensor_t *t = &s->tensors[i];
         if (!t->owner || !t->geometry)
@@ -616,6 +689,9 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
         rc = GIFT_ENOMEM;
         if ((t->ysum = calloc((size_t)t->cols * t->ks, sizeof(float))) == NULL ||
             (t->sk_ranks = calloc(s->words, sizeof(uint64_t))) == NULL ||
+            (ordered && ((t->yr = calloc((size_t)t->cols * t->ks * s->world, sizeof(float))) ==
+                             NULL ||
+                         (t->tr = calloc(s->world, sizeof(double))) == NULL)) ||
             publish_geometry(s, t, 0) < 0)
             goto fail;
     }
@@ -631,6 +707,33 @@ fail:
     store_free(s);
     return rc;
 }
+
+/* Builds the store from d (already checked against its digest) and keeps
+ * its packed form for checkpoints. On error nothing is kept. */
+static int declare_apply(gift_shard_t *s, const Gift__Declare *d, char *why, size_t whylen)
+{
+    size_t len = gift__declare__get_packed_size(d);
+    uint8_t *buf = malloc(len ? len : 1);
+    int rc;
+    if (buf == NULL) {
+        snprintf(why, whylen, "out of memory");
+        return GIFT_ENOMEM;
+    }
+    gift__declare__pack(d, buf);
+    if ((rc = store_build(s, d, why, whylen)) < 0) {
+        free(buf);
+        return rc;
+    }
+    s->digest = gift_digest_tensors(d->tensors, d->n_tensors);
+    s->placement = placement_sig(d->chunks, d->n_chunks);
+    s->decl = buf;
+    s->decl_len = len;
+    return 0;
+}
+
+static int log_append(gift_shard_t *s, uint32_t type, const void *const *parts,
+                      const size_t *lens, int n, int sync);
+static void ckpt_schedule(gift_shard_t *s);
 
 static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d)
 {
@@ -660,12 +763,25 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
             return 0;
         }
     } else {
-        if ((rc = store_build(s, d, why, sizeof why)) < 0) {
+        if ((rc = declare_apply(s, d, why, sizeof why)) < 0) {
             send_error(s, p, rc, 0, 0, 0, 0, 0, "declare refused: %s", why);
             return 0;
         }
-        s->digest = digest;
-        s->placement = sig;
+        if (s->persist) {
+            /* The world size, then the Declare. */
+            uint8_t wb[4] = {(uint8_t)s->world, (uint8_t)(s->world >> 8),
+                             (uint8_t)(s->world >> 16), (uint8_t)(s->world >> 24)};
+            const void *parts[2] = {wb, s->decl};
+            size_t lens[2] = {4, s->decl_len};
+            if ((rc = log_append(s, GIFT_LOG_DECLARE, parts, lens, 2, 1)) < 0) {
+                /* Not durable: forget it, so that nothing is built on it. */
+                store_free(s);
+                send_error(s, p, rc, 0, 0, 0, 0, 0,
+                           "declare refused: cannot write it to the step log in %s", s->dir);
+                return 0;
+            }
+        }
+        ckpt_schedule(s);
         GIFT_LOG_INFO(p->id, "declared %zu tensors, %zu chunks on this shard",
                  s->ntensors, s->nchunks);
     }
@@ -684,7 +800,7 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__HelloAck ack = GIFT__HELLO_ACK__INIT;
-    uint8_t dg[8];
+    uint8_t dg[8], mac[GIFT_AUTH_MAC_BYTES];
 
     if (p->hello) {
         send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "second Hello on one connection");
@@ -695,6 +811,45 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
                    "protocol version %u, this shard speaks %d", h->protocol_version,
                    GIFT_PROTOCOL_VERSION);
         return GIFT_EVERSION;
+    }
+    if (s->o.auth != NULL) {
+        /* Authentication (gift.proto): challenge the first Hello, verify the
+         * second before looking at anything it says. */
+        if (!p->challenged) {
+            Gift__AuthChallenge ch = GIFT__AUTH_CHALLENGE__INIT;
+            if (gift_auth_nonce(p->nonce) < 0) {
+                send_error(s, p, GIFT_EIO, 1, 0, 0, 0, 0, "no random nonce (libsodium)");
+                return GIFT_EIO;
+            }
+            p->challenged = 1;
+            ch.server_nonce.data = p->nonce;
+            ch.server_nonce.len = sizeof p->nonce;
+            ch.version = GIFT_AUTH_VERSION;
+            env.msg_case = GIFT__ENVELOPE__MSG_AUTH_CHALLENGE;
+            env.auth_challenge = &ch;
+            (void)send_frame(s, p, &env, NULL, 0, 0);
+            return 0;
+        }
+        if (h->auth_mac.len == 0) {
+            send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
+                       "this shard requires authentication and the Hello carries no MAC "
+                       "(is the client's auth key file, GIFT_AUTH_KEY_FILE, set?)");
+            return GIFT_EAUTH;
+        }
+        if (h->client_nonce.len != GIFT_AUTH_NONCE_BYTES) {
+            send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0, "Hello carries a client nonce of %zu "
+                       "bytes; %d needed", h->client_nonce.len, GIFT_AUTH_NONCE_BYTES);
+            return GIFT_EAUTH;
+        }
+        gift_auth_hello_mac(s->o.auth, p->nonce, h, mac);
+        if (gift_auth_verify(h->auth_mac.data, h->auth_mac.len, mac) < 0) {
+            send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
+                       "authentication failed: the Hello's MAC does not match this shard's key");
+            return GIFT_EAUTH;
+        }
+        gift_auth_ack_mac(s->o.auth, p->nonce, h->client_nonce.data, h->auth_mac.data, mac);
+        ack.auth_mac.data = mac;
+        ack.auth_mac.len = sizeof mac;
     }
     if (h->world_size == 0 || h->world_size > 65536) {
         send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u out of range 1..65536",
@@ -727,8 +882,9 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
     }
     p->hello = 1;
     p->rank = h->rank;
-    GIFT_LOG_INFO(p->id, "hello from rank %u of %u (%s)", h->rank, h->world_size,
-             h->client_name && *h->client_name ? h->client_name : "unnamed");
+    GIFT_LOG_INFO(p->id, "hello from rank %u of %u (%s)%s", h->rank, h->world_size,
+             h->client_name && *h->client_name ? h->client_name : "unnamed",
+             s->o.auth ? ", authenticated" : "");
     ack.protocol_version = GIFT_PROTOCOL_VERSION;
     ack.shard_id = s->o.shard_id;
     ack.num_shards = s->o.num_shards;
@@ -802,6 +958,37 @@ static void send_reply(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, const reply
     }
 }
 
+/* Appends a finished chunk step to the step log (a no-op while replaying). */
+static int log_step(gift_shard_t *s, chunk_t *ch, const reply_t *r)
+{
+    uint8_t h[28];
+    const void *parts[2];
+    size_t lens[2];
+    gift_ckpt_buf_t b = {0};
+    int rc;
+    if (s->replaying)
+        return 0;
+    /* key, chunk, step, epoch, err, then the reply bytes. */
+    b.p = h;
+    b.cap = sizeof h;
+    gift_ckpt_put_u32(&b, ch->t->key);
+    gift_ckpt_put_u32(&b, ch->id);
+    gift_ckpt_put_u64(&b, r->step);
+    gift_ckpt_put_u32(&b, r->epoch);
+    gift_ckpt_put_u32(&b, (uint32_t)r->err);
+    gift_ckpt_put_u32(&b, r->err ? 0u : (uint32_t)ch->pull_l.total);
+    parts[0] = h;
+    lens[0] = b.len;
+    parts[1] = r->buf->data;
+    lens[1] = r->err ? 0 : ch->pull_l.total;
+    if ((rc = log_append(s, GIFT_LOG_STEP, parts, lens, 2, !s->o.group_commit)) < 0)
+        GIFT_LOG_ERROR(0, "tensor %u chunk %u step %" PRIu64 " is not durable: its pulls fail "
+                       "with %s", ch->t->key, ch->id, r->step, gift_strerror(GIFT_EIO));
+    return rc;
+}
+
+static void maybe_checkpoint(gift_shard_t *s);
+
 /* Finishes step ch->base (all world pushes summed): mean, encode into the
  * step's reply buffer, wake parked pulls, advance; repeats while the next
  * step is complete too. */
@@ -844,6 +1031,18 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         if (rc < 0)
             GIFT_LOG_ERROR(0, "tensor %u chunk %u step %" PRIu64 ": encode failed: %s",
                      t->key, ch->id, step, gift_strerror(rc));
+        /* Durable before any pull of it is answered: synced now, or with
+         * group commit at the next gift_shard_flush (its pulls wait). */
+        r->durable = 1;
+        if (s->persist && log_step(s, ch, r) < 0) {
+            r->err = GIFT_EIO;
+        } else if (s->persist && s->o.group_commit && !s->replaying) {
+            r->durable = 0;
+            if (!ch->pending) {
+                ch->pending = 1;
+                s->pending[s->npending++] = ch;
+            }
+        }
         if (rc == 0 && s->o.hits_every && step % s->o.hits_every == 0) {
             gift_hits_t h;
             if (gift_boundary_hits(&t->pull, sl->acc, r->buf->data, r->buf->cap, ch->n, &h) == 0 &&
@@ -861,13 +1060,14 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         /* The accumulator is not cleared: the step's first push overwrites it. */
         memset(sl->ranks, 0, s->words * sizeof(uint64_t));
         sl->count = 0;
+        sl->next = 0;
         sl->epoch = -1;
         sl->t_first = 0;
         sl->warned = 0;
         ch->base++;
         s->c.steps_finished++;
         /* Wake the pulls that waited for this step. */
-        for (parked_t *q = ch->parked, *next; q != NULL; q = next) {
+        for (parked_t *q = r->durable ? ch->parked : NULL, *next; q != NULL; q = next) {
             next = q->cnext;
             if (q->step == step) {
                 gift_peer_t *p = q->peer;
@@ -877,6 +1077,40 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
             }
         }
     }
+    maybe_checkpoint(s);
+}
+
+/* Ordered aggregation of rank's push into sl (its bit is not set yet): in
+ * rank order it is summed at once, followed by every kept push that now
+ * follows without a gap; out of order it is validated (decoded into the
+ * scratch buffer) and kept. Returns 0, or the decode error (nothing kept). */
+static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint32_t rank,
+                       const uint8_t *payload, size_t len)
+{
+    const gift_codec_params_t *cp = &ch->t->push;
+    int rc;
+    if (rank != sl->next) {
+        if ((rc = gift_decode(cp, payload, len, ch->n, s->scratch)) < 0)
+            return rc;
+        memcpy(sl->pay + (size_t)rank * ch->pay_stride, payload, len);
+        return 0;
+    }
+    if (sl->next == 0)
+        rc = gift_decode(cp, payload, len, ch->n, sl->acc);
+    else
+        rc = gift_decode_acc(cp, payload, len, ch->n, sl->acc);
+    if (rc < 0)
+        return rc;
+    sl->next++;
+    while (sl->next < s->world && bit_get(sl->ranks, sl->next)) {
+        /* Validated when it arrived. */
+        rc = gift_decode_acc(cp, sl->pay + (size_t)sl->next * ch->pay_stride, ch->push_l.total,
+                             ch->n, sl->acc);
+        if (rc < 0)
+            return rc;
+        sl->next++;
+    }
+    return 0;
 }
 
 static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, const gift_frame_t *f)
@@ -941,10 +1175,12 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                            m->epoch, m->step, m->key, want);
                 return 0;
             }
+            if (s->o.aggregate == GIFT_SHARD_ORDERED)
+                rc = ordered_add(s, ch, sl, p->rank, f->payload, f->payload_len);
             /* The first push of a step overwrites the accumulator instead of
              * adding to a cleared one: v and 0 + v differ only for v = -0,
              * and the +0 of the mean's scaling makes the bytes the same. */
-            if (sl->count == 0)
+            else if (sl->count == 0)
                 rc = gift_decode(&t->push, f->payload, f->payload_len, ch->n, sl->acc);
             else
                 rc = gift_decode_acc(&t->push, f->payload, f->payload_len, ch->n, sl->acc);
@@ -1002,6 +1238,14 @@ static int handle_pull(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
     }
     if (m->step < ch->base) {
         const reply_t *r = &ch->reply[m->step & 1];
+        if (r->valid && r->step == m->step && !r->durable) {
+            /* Finished, not yet synced: answered by gift_shard_flush. */
+            if ((rc = park(s, p, ch, m->step, m->seq, m->have_epoch)) < 0)
+                send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
+                           "too many pulls waiting on this shard (max_parked %u)",
+                           s->o.max_parked);
+            return 0;
+        }
         if (r->valid && r->step == m->step) {
             send_reply(s, p, ch, r, m->seq);
             return 0;
@@ -1086,6 +1330,78 @@ static void send_geometry(gift_shard_t *s, gift_peer_t *p, tensor_t *t, uint64_t
     (void)send_frame(s, p, &env, t->geo_buf, 0, t->geo_buf->len);
 }
 
+/* Starts the sketch round of step for t, forgetting any unfinished one. */
+static void sketch_begin(gift_shard_t *s, tensor_t *t, uint64_t step)
+{
+    memset(t->ysum, 0, (size_t)t->cols * t->ks * sizeof(float));
+    memset(t->sk_ranks, 0, s->words * sizeof(uint64_t));
+    t->trace_sum = 0.0;
+    t->sk_count = 0;
+    t->sk_step = step;
+    t->sk_active = 1;
+}
+
+/* Adds rank's sketch Y (cols x ks floats, possibly unaligned) to the round:
+ * summed at once (eager) or kept for the rank-ordered sum (ordered). */
+static void sketch_add(gift_shard_t *s, tensor_t *t, uint32_t rank, double trace,
+                       const uint8_t *Y)
+{
+    size_t ny = (size_t)t->cols * t->ks;
+    if (s->o.aggregate == GIFT_SHARD_ORDERED) {
+        memcpy(t->yr + rank * ny, Y, ny * sizeof(float));
+        t->tr[rank] = trace;
+    } else {
+        for (size_t i = 0; i < ny; i++) {
+            float y;
+            memcpy(&y, Y + 4 * i, 4);
+            t->ysum[i] += y;
+        }
+        t->trace_sum += trace;
+    }
+    bit_set(t->sk_ranks, rank);
+    t->sk_count++;
+    s->c.sketches++;
+}
+
+static void log_epoch(gift_shard_t *s, tensor_t *t);
+
+/* Every rank's sketch is in: builds and publishes the next epoch. */
+static void sketch_complete(gift_shard_t *s, tensor_t *t)
+{
+    uint64_t step = t->sk_step;
+    int rc;
+    t->sk_active = 0;
+    if (s->o.aggregate == GIFT_SHARD_ORDERED) {
+        size_t ny = (size_t)t->cols * t->ks;
+        memset(t->ysum, 0, ny * sizeof(float));
+        t->trace_sum = 0.0;
+        for (uint32_t r = 0; r < s->world; r++) {
+            const float *y = t->yr + r * ny;
+            for (size_t i = 0; i < ny; i++)
+                t->ysum[i] += y[i];
+            t->trace_sum += t->tr[r];
+        }
+    }
+    if ((rc = gift_geometry_update(&t->geo, t->ysum, t->trace_sum, s->o.damping)) < 0) {
+        GIFT_LOG_ERROR(0, "tensor %u: geometry update at step %" PRIu64
+                          " failed (%s); keeping epoch %u",
+                       t->key, step, gift_strerror(rc), t->geo.epoch);
+        count_error(s, rc);
+    } else if ((rc = publish_geometry(s, t, first_clean_step(t, step + 1))) < 0) {
+        count_error(s, rc);
+    } else {
+        t->sk_done = 1;
+        t->sk_done_step = step;
+        s->c.epochs_published++;
+        log_epoch(s, t);
+        GIFT_LOG_INFO(0,
+                      "tensor %u: epoch %u published, valid from step %" PRIu64
+                      " (sigma2 %.3g, delta %.3g)",
+                      t->key, t->geo.epoch, t->epochs[t->nepochs - 1].valid_from, t->geo.sigma2,
+                      t->geo.delta);
+    }
+}
+
 static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
                          const gift_frame_t *f)
 {
@@ -1140,26 +1456,31 @@ static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
             t->sk_active = 0;
         }
     }
-    if (!dup && !t->sk_active) {
-        memset(t->ysum, 0, ny * sizeof(float));
-        memset(t->sk_ranks, 0, s->words * sizeof(uint64_t));
-        t->trace_sum = 0.0;
-        t->sk_count = 0;
-        t->sk_step = m->step;
-        t->sk_active = 1;
-    }
-    if (!dup && bit_get(t->sk_ranks, p->rank))
+    if (!dup && t->sk_active && bit_get(t->sk_ranks, p->rank))
         dup = 1;
-    if (!dup) {
-        for (size_t i = 0; i < ny; i++) {
-            float y;
-            memcpy(&y, f->payload + 4 * i, 4);
-            t->ysum[i] += y;
+    if (!dup && s->persist) {
+        /* Durable before the SketchAck. */
+        uint8_t h[36];
+        const void *parts[2] = {h, f->payload};
+        size_t lens[2] = {0, ny * 4};
+        gift_ckpt_buf_t b = {h, 0, sizeof h, 0};
+        gift_ckpt_put_u32(&b, t->key);
+        gift_ckpt_put_u64(&b, m->step);
+        gift_ckpt_put_u32(&b, p->rank);
+        gift_ckpt_put_u32(&b, m->epoch);
+        gift_ckpt_put_f64(&b, m->trace);
+        gift_ckpt_put_u64(&b, ny * 4);
+        lens[0] = b.len;
+        if ((rc = log_append(s, GIFT_LOG_SKETCH, parts, lens, 2, 1)) < 0) {
+            send_error(s, p, rc, 0, m->key, 0, m->step, m->seq,
+                       "sketch not accepted: cannot write it to the step log in %s", s->dir);
+            return 0;
         }
-        t->trace_sum += m->trace;
-        bit_set(t->sk_ranks, p->rank);
-        t->sk_count++;
-        s->c.sketches++;
+    }
+    if (!dup) {
+        if (!t->sk_active)
+            sketch_begin(s, t, m->step);
+        sketch_add(s, t, p->rank, m->trace, f->payload);
     }
 ack:
     ack.key = m->key;
@@ -1169,26 +1490,8 @@ ack:
     env.msg_case = GIFT__ENVELOPE__MSG_SKETCH_ACK;
     env.sketch_ack = &ack;
     (void)send_frame(s, p, &env, NULL, 0, 0);
-    if (!dup && t->sk_count == s->world) {
-        t->sk_active = 0;
-        if ((rc = gift_geometry_update(&t->geo, t->ysum, t->trace_sum, s->o.damping)) < 0) {
-            GIFT_LOG_ERROR(0, "tensor %u: geometry update at step %" PRIu64
-                     " failed (%s); keeping epoch %u",
-                     t->key, m->step, gift_strerror(rc), t->geo.epoch);
-            count_error(s, rc);
-        } else if ((rc = publish_geometry(s, t, first_clean_step(t, m->step + 1))) < 0) {
-            count_error(s, rc);
-        } else {
-            t->sk_done = 1;
-            t->sk_done_step = m->step;
-            s->c.epochs_published++;
-            GIFT_LOG_INFO(0,
-                     "tensor %u: epoch %u published, valid from step %" PRIu64
-                     " (sigma2 %.3g, delta %.3g)",
-                     t->key, t->geo.epoch, t->epochs[t->nepochs - 1].valid_from, t->geo.sigma2,
-                     t->geo.delta);
-        }
-    }
+    if (!dup && t->sk_count == s->world)
+        sketch_complete(s, t);
     return 0;
 }
 
@@ -1280,6 +1583,9 @@ static int handle_stats(gift_shard_t *s, gift_peer_t *p, const Gift__StatsReques
             ts[i].epoch = ss.epoch;
             ts[i].bytes_in = ss.bytes_in;
             ts[i].bytes_out = ss.bytes_out;
+            ts[i].push_codec = (char *)ss.push_codec;
+            ts[i].pull_codec = (char *)ss.pull_codec;
+            ts[i].boundary_hit_rate = ss.hit_rate;
             ts[i].missing_ranks = ranks + nr;
             if (ss.has_step)
                 for (uint32_t r = 0; r < s->world; r++)
@@ -1327,8 +1633,10 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
     if (env->msg_case == GIFT__ENVELOPE__MSG_HELLO)
         return handle_hello(s, p, env->hello);
     if (!p->hello) {
-        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "%s before Hello", gift_msg_name(env));
-        return GIFT_EPROTO;
+        int code = s->o.auth ? GIFT_EAUTH : GIFT_EPROTO;
+        send_error(s, p, code, 1, 0, 0, 0, 0, "%s before %s", gift_msg_name(env),
+                   s->o.auth ? "authentication" : "Hello");
+        return code;
     }
     if (env->msg_case != GIFT__ENVELOPE__MSG_DECLARE &&
         env->msg_case != GIFT__ENVELOPE__MSG_STATS_REQUEST && !s->declared) {
@@ -1422,4 +1730,580 @@ size_t gift_shard_tensor_count(const gift_shard_t *s)
 int gift_shard_ready(const gift_shard_t *s)
 {
     return s != NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Persistence (checkpoint.h holds the file formats)                     */
+/* ------------------------------------------------------------------ */
+
+static int log_append(gift_shard_t *s, uint32_t type, const void *const *parts,
+                      const size_t *lens, int n, int sync)
+{
+    int rc;
+    uint64_t before = s->log.bytes;
+    if (!s->persist || s->replaying)
+        return 0;
+    if ((rc = gift_log_append(&s->log, type, parts, lens, n, sync)) < 0) {
+        s->c.log_failures++;
+        return rc;
+    }
+    s->c.log_records++;
+    s->c.log_bytes += s->log.bytes - before;
+    return 0;
+}
+
+void gift_shard_flush(gift_shard_t *s)
+{
+    int rc;
+    if (s->npending == 0)
+        return;
+    rc = gift_log_sync(&s->log);
+    if (rc < 0)
+        s->c.log_failures++;
+    for (size_t i = 0; i < s->npending; i++) {
+        chunk_t *ch = s->pending[i];
+        ch->pending = 0;
+        for (int j = 0; j < 2; j++)
+            if (ch->reply[j].valid && !ch->reply[j].durable) {
+                if (rc < 0)
+                    ch->reply[j].err = GIFT_EIO;
+                ch->reply[j].durable = 1;
+            }
+        for (parked_t *q = ch->parked, *next; q != NULL; q = next) {
+            const reply_t *r = &ch->reply[q->step & 1];
+            next = q->cnext;
+            if (q->step < ch->base && r->valid && r->step == q->step) {
+                gift_peer_t *p = q->peer;
+                uint64_t seq = q->seq;
+                parked_unlink(s, q);
+                send_reply(s, p, ch, r, seq);
+            }
+        }
+    }
+    s->npending = 0;
+}
+
+static void log_epoch(gift_shard_t *s, tensor_t *t)
+{
+    uint8_t h[64];
+    gift_ckpt_buf_t b = {h, 0, sizeof h, 0};
+    const void *parts[3];
+    size_t lens[3];
+    if (!s->persist || s->replaying)
+        return;
+    gift_ckpt_put_u32(&b, t->key);
+    gift_ckpt_put_u64(&b, t->sk_done_step);
+    gift_ckpt_put_u32(&b, t->geo.epoch);
+    gift_ckpt_put_u64(&b, t->epochs[t->nepochs - 1].valid_from);
+    gift_ckpt_put_u32(&b, (uint32_t)t->geo.identity);
+    gift_ckpt_put_f64(&b, t->geo.trace);
+    gift_ckpt_put_f64(&b, t->geo.sigma2);
+    gift_ckpt_put_f64(&b, t->geo.delta);
+    parts[0] = h;
+    lens[0] = b.len;
+    parts[1] = t->geo.U;
+    lens[1] = (size_t)t->cols * t->ks * sizeof(float);
+    parts[2] = t->geo.lambda;
+    lens[2] = (size_t)t->ks * sizeof(float);
+    /* If this fails, a restart rebuilds the epoch from the logged sketches. */
+    if (log_append(s, GIFT_LOG_EPOCH, parts, lens, 3, 1) < 0)
+        GIFT_LOG_ERROR(0, "tensor %u: epoch %u not written to the step log", t->key,
+                       t->geo.epoch);
+}
+
+/* The oldest unfinished step over the chunks that have started (0 if none). */
+static uint64_t min_base(const gift_shard_t *s)
+{
+    uint64_t m = UINT64_MAX;
+    for (size_t i = 0; i < s->nchunks; i++)
+        if (s->chunks[i].started && s->chunks[i].base < m)
+            m = s->chunks[i].base;
+    return m == UINT64_MAX ? 0 : m;
+}
+
+static void ckpt_schedule(gift_shard_t *s)
+{
+    uint64_t cs = s->o.checkpoint_steps;
+    if (cs)
+        s->ckpt_next = (min_base(s) / cs + 1) * cs;
+}
+
+static void maybe_checkpoint(gift_shard_t *s)
+{
+    char err[512];
+    if (!s->persist || s->replaying || min_base(s) < s->ckpt_next)
+        return;
+    if (gift_shard_checkpoint(s, err, sizeof err) < 0)
+        GIFT_LOG_ERROR(0, "checkpoint failed: %s (the step log keeps growing)", err);
+}
+
+/* Sets t's geometry to a saved epoch and refreshes the published payload
+ * (its epoch records are the caller's). U and lambda may be unaligned. */
+static int geo_restore(tensor_t *t, uint32_t epoch, int identity, double trace, double sigma2,
+                       double delta, const uint8_t *U, const uint8_t *lambda)
+{
+    size_t ub = (size_t)t->cols * t->ks * 4, lb = (size_t)t->ks * 4;
+    int rc;
+    memcpy(t->geo.U, U, ub);
+    memcpy(t->geo.lambda, lambda, lb);
+    if ((rc = gift_geometry_load(&t->geo, t->geo.U, t->geo.lambda, trace, sigma2, delta, epoch,
+                                 identity)) < 0)
+        return rc;
+    memcpy(t->geo_buf->data, U, ub);
+    memcpy(t->geo_buf->data + ub, lambda, lb);
+    t->geo_buf->len = ub + lb;
+    return 0;
+}
+
+/* The checkpoint body: see gift_shard_restore's parser for the same order. */
+static int snapshot_build(gift_shard_t *s, uint64_t gen, gift_ckpt_buf_t *b)
+{
+    gift_ckpt_put_u32(b, s->o.shard_id);
+    gift_ckpt_put_u32(b, s->o.num_shards);
+    gift_ckpt_put_u32(b, s->world);
+    gift_ckpt_put_u32(b, (uint32_t)s->o.aggregate);
+    gift_ckpt_put_u64(b, gen);
+    gift_ckpt_put_blob(b, s->decl, s->decl_len);
+    gift_ckpt_put_u64(b, s->nchunks);
+    for (size_t i = 0; i < s->nchunks; i++) {
+        const chunk_t *ch = &s->chunks[i];
+        gift_ckpt_put_u32(b, ch->t->key);
+        gift_ckpt_put_u32(b, ch->id);
+        gift_ckpt_put_u32(b, (uint32_t)ch->started);
+        gift_ckpt_put_u64(b, ch->base);
+        for (int j = 0; j < 2; j++) {
+            const reply_t *r = &ch->reply[j];
+            int has = r->valid && !r->err;
+            gift_ckpt_put_u32(b, (uint32_t)r->valid);
+            gift_ckpt_put_u32(b, (uint32_t)r->err);
+            gift_ckpt_put_u64(b, r->step);
+            gift_ckpt_put_u32(b, r->epoch);
+            gift_ckpt_put_blob(b, r->buf->data, has ? ch->pull_l.total : 0);
+        }
+    }
+    for (size_t i = 0; i < s->ntensors; i++) {
+        const tensor_t *t = &s->tensors[i];
+        size_t ny = (size_t)t->cols * t->ks;
+        if (!t->owner || !t->geometry)
+            continue;
+        gift_ckpt_put_u32(b, t->key);
+        gift_ckpt_put_u32(b, t->nepochs);
+        for (uint32_t e = 0; e < t->nepochs; e++) {
+            gift_ckpt_put_u32(b, t->epochs[e].epoch);
+            gift_ckpt_put_u64(b, t->epochs[e].valid_from);
+        }
+        gift_ckpt_put_u32(b, t->geo.epoch);
+        gift_ckpt_put_u32(b, (uint32_t)t->geo.identity);
+        gift_ckpt_put_f64(b, t->geo.trace);
+        gift_ckpt_put_f64(b, t->geo.sigma2);
+        gift_ckpt_put_f64(b, t->geo.delta);
+        gift_ckpt_put_blob(b, t->geo.U, ny * 4);
+        gift_ckpt_put_blob(b, t->geo.lambda, (size_t)t->ks * 4);
+        gift_ckpt_put_u32(b, (uint32_t)t->sk_active);
+        gift_ckpt_put_u64(b, t->sk_step);
+        gift_ckpt_put_u32(b, t->sk_count);
+        gift_ckpt_put_blob(b, t->sk_ranks, s->words * 8);
+        gift_ckpt_put_u32(b, (uint32_t)t->sk_done);
+        gift_ckpt_put_u64(b, t->sk_done_step);
+        gift_ckpt_put_blob(b, t->ysum, ny * 4);
+        gift_ckpt_put_f64(b, t->trace_sum);
+        gift_ckpt_put_blob(b, t->yr, t->yr ? ny * 4 * s->world : 0);
+        gift_ckpt_put_blob(b, t->tr, t->tr ? 8 * (size_t)s->world : 0);
+    }
+    gift_ckpt_put_u32(b, 0x454e4421u); /* "!DNE": end of body */
+    return b->err;
+}
+
+int gift_shard_checkpoint(gift_shard_t *s, char *err, size_t errlen)
+{
+    gift_ckpt_buf_t *b = &s->ckpt_buf;
+    gift_log_t nl;
+    uint64_t gen = s->gen + 1;
+    uint64_t t0 = now_ns(s);
+    int rc;
+
+    err[0] = '\0';
+    if (!s->persist || !s->declared)
+        return 0;
+    b->len = 0;
+    b->err = 0;
+    if ((rc = snapshot_build(s, gen, b)) < 0) {
+        snprintf(err, errlen, "out of memory building the checkpoint");
+        goto out;
+    }
+    if ((rc = gift_ckpt_write(s->dir, b->p, b->len, err, errlen)) < 0)
+        goto out;
+    /* The checkpoint names generation gen: its log starts empty and the
+     * previous one is no longer read. */
+    if ((rc = gift_log_open(&nl, s->dir, gen, 1, err, errlen)) < 0)
+        goto out;
+    gift_log_close(&s->log);
+    s->log = nl;
+    s->gen = gen;
+    gift_log_remove_others(s->dir, gen);
+    s->c.checkpoints++;
+    GIFT_LOG_INFO(0, "checkpoint %" PRIu64 " written: %zu bytes, oldest unfinished step %" PRIu64
+                     " (%.1f ms)",
+                  gen, b->len, min_base(s), (double)(now_ns(s) - t0) * 1e-6);
+out:
+    if (rc < 0)
+        s->c.checkpoint_failures++;
+    ckpt_schedule(s);
+    return rc;
+}
+
+static int restore_declare(gift_shard_t *s, const uint8_t *p, size_t len, char *err,
+                           size_t errlen)
+{
+    char why[256] = "";
+    Gift__Declare *d = gift__declare__unpack(NULL, len, p);
+    int rc;
+    if (d == NULL) {
+        snprintf(err, errlen, "the saved declaration does not parse");
+        return GIFT_EIO;
+    }
+    if (s->world == 0) {
+        snprintf(err, errlen, "a declaration is saved but no world size");
+        gift__declare__free_unpacked(d, NULL);
+        return GIFT_EIO;
+    }
+    if ((rc = declare_apply(s, d, why, sizeof why)) < 0)
+        snprintf(err, errlen, "the saved declaration is refused: %s", why);
+    gift__declare__free_unpacked(d, NULL);
+    return rc;
+}
+
+/* Applies the checkpoint body. Returns 0 or a negative code with err. */
+static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char *err,
+                         size_t errlen)
+{
+    gift_ckpt_cur_t c = {body, len, 0, 0};
+    uint32_t shard_id, num_shards, world, agg;
+    const uint8_t *decl;
+    size_t dlen, n;
+    uint64_t nch;
+    int rc;
+
+    shard_id = gift_ckpt_get_u32(&c);
+    num_shards = gift_ckpt_get_u32(&c);
+    world = gift_ckpt_get_u32(&c);
+    agg = gift_ckpt_get_u32(&c);
+    s->gen = gift_ckpt_get_u64(&c);
+    decl = gift_ckpt_get_blob(&c, &dlen, len);
+    if (c.err)
+        goto short_body;
+    if (shard_id != s->o.shard_id || num_shards != s->o.num_shards) {
+        snprintf(err, errlen, "the checkpoint is of shard %u of %u; this is shard %u of %u",
+                 shard_id, num_shards, s->o.shard_id, s->o.num_shards);
+        return GIFT_ECONFIG;
+    }
+    if (world == 0 || world > 65536 || (s->world != 0 && world != s->world)) {
+        snprintf(err, errlen, "the checkpoint has world size %u; this shard is set to %u", world,
+                 s->world);
+        return GIFT_ECONFIG;
+    }
+    s->world = world;
+    s->words = (world + 63) / 64;
+    if (dlen == 0)
+        goto end; /* nothing was declared */
+    if ((rc = restore_declare(s, decl, dlen, err, errlen)) < 0)
+        return rc;
+    nch = gift_ckpt_get_u64(&c);
+    if (c.err || nch != s->nchunks) {
+        snprintf(err, errlen, "the checkpoint lists %" PRIu64 " chunks; its declaration has %zu",
+                 nch, s->nchunks);
+        return GIFT_EIO;
+    }
+    for (size_t i = 0; i < s->nchunks; i++) {
+        chunk_t *ch = &s->chunks[i];
+        uint32_t key = gift_ckpt_get_u32(&c), id = gift_ckpt_get_u32(&c);
+        ch->started = gift_ckpt_get_u32(&c) != 0;
+        ch->base = gift_ckpt_get_u64(&c);
+        if (c.err)
+            goto short_body;
+        if (key != ch->t->key || id != ch->id) {
+            snprintf(err, errlen, "chunk %zu of the checkpoint is %u/%u, not %u/%u", i, key, id,
+                     ch->t->key, ch->id);
+            return GIFT_EIO;
+        }
+        for (int j = 0; j < 2; j++) {
+            reply_t *r = &ch->reply[j];
+            const uint8_t *p;
+            r->valid = gift_ckpt_get_u32(&c) != 0;
+            r->durable = 1;
+            r->err = (int)gift_ckpt_get_u32(&c);
+            r->step = gift_ckpt_get_u64(&c);
+            r->epoch = gift_ckpt_get_u32(&c);
+            p = gift_ckpt_get_blob(&c, &n, ch->pull_l.total);
+            if (c.err)
+                goto short_body;
+            if (r->valid && !r->err && n != ch->pull_l.total) {
+                snprintf(err, errlen, "reply of tensor %u chunk %u has %zu bytes, not %zu", key,
+                         id, n, ch->pull_l.total);
+                return GIFT_EIO;
+            }
+            memcpy(r->buf->data, p, n);
+            r->buf->len = ch->pull_l.total;
+        }
+    }
+    for (size_t i = 0; i < s->ntensors; i++) {
+        tensor_t *t = &s->tensors[i];
+        size_t ny = (size_t)t->cols * t->ks, ul, ll, yl;
+        const uint8_t *U, *L, *p;
+        uint32_t epoch, identity;
+        double trace, sigma2, delta;
+        if (!t->owner || !t->geometry)
+            continue;
+        if (gift_ckpt_get_u32(&c) != t->key || c.err)
+            goto short_body;
+        t->nepochs = gift_ckpt_get_u32(&c);
+        if (t->nepochs == 0 || t->nepochs > MAX_EPOCH_RECS)
+            goto short_body;
+        for (uint32_t e = 0; e < t->nepochs; e++) {
+            t->epochs[e].epoch = gift_ckpt_get_u32(&c);
+            t->epochs[e].valid_from = gift_ckpt_get_u64(&c);
+        }
+        epoch = gift_ckpt_get_u32(&c);
+        identity = gift_ckpt_get_u32(&c);
+        trace = gift_ckpt_get_f64(&c);
+        sigma2 = gift_ckpt_get_f64(&c);
+        delta = gift_ckpt_get_f64(&c);
+        U = gift_ckpt_get_blob(&c, &ul, ny * 4);
+        L = gift_ckpt_get_blob(&c, &ll, (size_t)t->ks * 4);
+        if (c.err || ul != ny * 4 || ll != (size_t)t->ks * 4)
+            goto short_body;
+        if ((rc = geo_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) < 0) {
+            snprintf(err, errlen, "tensor %u: the saved geometry of epoch %u is invalid (%s)",
+                     t->key, epoch, gift_strerror(rc));
+            return GIFT_EIO;
+        }
+        t->sk_active = gift_ckpt_get_u32(&c) != 0;
+        t->sk_step = gift_ckpt_get_u64(&c);
+        t->sk_count = gift_ckpt_get_u32(&c);
+        p = gift_ckpt_get_blob(&c, &n, s->words * 8);
+        if (c.err || n != s->words * 8)
+            goto short_body;
+        memcpy(t->sk_ranks, p, n);
+        t->sk_done = gift_ckpt_get_u32(&c) != 0;
+        t->sk_done_step = gift_ckpt_get_u64(&c);
+        p = gift_ckpt_get_blob(&c, &yl, ny * 4);
+        if (c.err || yl != ny * 4)
+            goto short_body;
+        memcpy(t->ysum, p, yl);
+        t->trace_sum = gift_ckpt_get_f64(&c);
+        p = gift_ckpt_get_blob(&c, &yl, ny * 4 * (size_t)s->world);
+        if (c.err)
+            goto short_body;
+        if (t->yr && yl == ny * 4 * (size_t)s->world)
+            memcpy(t->yr, p, yl);
+        else if (t->sk_active && t->sk_count > 0 && (t->yr != NULL) != (yl != 0)) {
+            snprintf(err, errlen,
+                     "tensor %u: a sketch round saved under aggregate = %s cannot continue "
+                     "under aggregate = %s",
+                     t->key, agg == GIFT_SHARD_ORDERED ? "ordered" : "eager",
+                     t->yr ? "ordered" : "eager");
+            return GIFT_ECONFIG;
+        }
+        p = gift_ckpt_get_blob(&c, &yl, 8 * (size_t)s->world);
+        if (c.err)
+            goto short_body;
+        if (t->tr && yl == 8 * (size_t)s->world)
+            memcpy(t->tr, p, yl);
+    }
+end:
+    if (gift_ckpt_get_u32(&c) != 0x454e4421u || c.err || c.off != c.len)
+        goto short_body;
+    return 0;
+short_body:
+    snprintf(err, errlen, "the checkpoint body is inconsistent at byte %zu of %zu", c.off,
+             c.len);
+    return GIFT_EIO;
+}
+
+typedef struct replay_ctx {
+    gift_shard_t *s;
+    char *err;
+    size_t errlen;
+    uint64_t records;
+} replay_ctx_t;
+
+static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *arg)
+{
+    replay_ctx_t *x = arg;
+    gift_shard_t *s = x->s;
+    gift_ckpt_cur_t c = {body, len, 0, 0};
+    x->records++;
+    if (type == GIFT_LOG_DECLARE) {
+        uint32_t world = gift_ckpt_get_u32(&c);
+        if (c.err || world == 0 || world > 65536 || (s->world != 0 && world != s->world)) {
+            snprintf(x->err, x->errlen, "the step log declares world size %u; this shard has %u",
+                     world, s->world);
+            return GIFT_EIO;
+        }
+        if (s->declared) {
+            if (len - 4 == s->decl_len && memcmp(body + 4, s->decl, len - 4) == 0)
+                return 0;
+            snprintf(x->err, x->errlen, "the step log declares a second, different tensor list");
+            return GIFT_EIO;
+        }
+        s->world = world;
+        s->words = (world + 63) / 64;
+        return restore_declare(s, body + 4, len - 4, x->err, x->errlen);
+    }
+    if (!s->declared) {
+        snprintf(x->err, x->errlen, "the step log has a record of type %u before any declaration",
+                 type);
+        return GIFT_EIO;
+    }
+    if (type == GIFT_LOG_STEP) {
+        uint32_t key = gift_ckpt_get_u32(&c), id = gift_ckpt_get_u32(&c);
+        uint64_t step = gift_ckpt_get_u64(&c);
+        uint32_t epoch = gift_ckpt_get_u32(&c), e = gift_ckpt_get_u32(&c);
+        uint32_t n = gift_ckpt_get_u32(&c);
+        chunk_t *ch = find_chunk(s, key, id);
+        reply_t *r;
+        if (c.err || ch == NULL || (e == 0 && n != ch->pull_l.total) || c.len - c.off != n) {
+            snprintf(x->err, x->errlen, "a step record of tensor %u chunk %u does not fit the "
+                                        "declaration", key, id);
+            return GIFT_EIO;
+        }
+        if (ch->started && step < ch->base)
+            return 0; /* already in the checkpoint */
+        if (ch->started && step != ch->base) {
+            snprintf(x->err, x->errlen, "tensor %u chunk %u: the step log jumps from step %" PRIu64
+                                        " to %" PRIu64, key, id, ch->base, step);
+            return GIFT_EIO;
+        }
+        r = &ch->reply[step & 1];
+        r->valid = 1;
+        r->durable = 1;
+        r->err = (int)e;
+        r->step = step;
+        r->epoch = epoch;
+        memcpy(r->buf->data, body + c.off, n);
+        r->buf->len = ch->pull_l.total;
+        ch->started = 1;
+        ch->base = step + 1;
+        return 0;
+    }
+    if (type == GIFT_LOG_SKETCH || type == GIFT_LOG_EPOCH) {
+        uint32_t key = gift_ckpt_get_u32(&c);
+        uint64_t step = gift_ckpt_get_u64(&c);
+        tensor_t *t = key < s->ntensors ? &s->tensors[key] : NULL;
+        size_t ny;
+        if (c.err || t == NULL || !t->owner || !t->geometry) {
+            snprintf(x->err, x->errlen, "a geometry record names tensor %u, which this shard "
+                                        "does not own", key);
+            return GIFT_EIO;
+        }
+        ny = (size_t)t->cols * t->ks;
+        if (type == GIFT_LOG_SKETCH) {
+            uint32_t rank = gift_ckpt_get_u32(&c);
+            uint32_t epoch = gift_ckpt_get_u32(&c);
+            double trace = gift_ckpt_get_f64(&c);
+            size_t yl;
+            const uint8_t *Y = gift_ckpt_get_blob(&c, &yl, ny * 4);
+            (void)epoch;
+            if (c.err || yl != ny * 4 || rank >= s->world) {
+                snprintf(x->err, x->errlen, "a sketch record of tensor %u is malformed", key);
+                return GIFT_EIO;
+            }
+            if ((t->sk_done && step <= t->sk_done_step) ||
+                (t->sk_active && (step < t->sk_step ||
+                                  (step == t->sk_step && bit_get(t->sk_ranks, rank)))))
+                return 0;
+            if (!t->sk_active || step != t->sk_step)
+                sketch_begin(s, t, step);
+            sketch_add(s, t, rank, trace, Y);
+            return 0;
+        } else {
+            uint32_t epoch = gift_ckpt_get_u32(&c);
+            uint64_t valid_from = gift_ckpt_get_u64(&c);
+            uint32_t identity = gift_ckpt_get_u32(&c);
+            double trace = gift_ckpt_get_f64(&c), sigma2 = gift_ckpt_get_f64(&c),
+                   delta = gift_ckpt_get_f64(&c);
+            const uint8_t *U = body + c.off, *L = U + ny * 4;
+            int rc;
+            if (c.err || c.len - c.off != ny * 4 + (size_t)t->ks * 4) {
+                snprintf(x->err, x->errlen, "an epoch record of tensor %u is malformed", key);
+                return GIFT_EIO;
+            }
+            if (epoch <= t->geo.epoch)
+                return 0;
+            if ((rc = geo_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) < 0) {
+                snprintf(x->err, x->errlen, "tensor %u: the logged epoch %u is invalid (%s)", key,
+                         epoch, gift_strerror(rc));
+                return GIFT_EIO;
+            }
+            /* publish_geometry re-copies U and lambda and appends the record. */
+            if ((rc = publish_geometry(s, t, valid_from)) < 0)
+                return rc;
+            t->sk_active = 0;
+            t->sk_done = 1;
+            t->sk_done_step = step;
+            return 0;
+        }
+    }
+    snprintf(x->err, x->errlen, "the step log has a record of unknown type %u", type);
+    return GIFT_EIO;
+}
+
+int gift_shard_restore(gift_shard_t *s, char *err, size_t errlen)
+{
+    uint8_t *body = NULL;
+    size_t len = 0;
+    replay_ctx_t x = {s, err, errlen, 0};
+    int rc, have, torn = 0;
+
+    err[0] = '\0';
+    if (!s->persist)
+        return 0;
+    if ((rc = gift_ckpt_mkdir(s->dir, err, errlen)) < 0)
+        return rc;
+    s->replaying = 1;
+    if ((have = gift_ckpt_read(s->dir, &body, &len, err, errlen)) < 0) {
+        rc = have;
+        goto fail;
+    }
+    if (have && (rc = snapshot_load(s, body, len, err, errlen)) < 0) {
+        size_t n = strlen(err);
+        /* Prefix the file's name: "DIR/checkpoint: why". */
+        if (n + strlen(s->dir) + 14 < errlen) {
+            size_t pre = strlen(s->dir) + 13;
+            memmove(err + pre, err, n + 1);
+            memcpy(err, s->dir, strlen(s->dir));
+            memcpy(err + strlen(s->dir), "/checkpoint: ", 13);
+        }
+        goto fail;
+    }
+    if ((rc = gift_log_replay(s->dir, s->gen, replay_record, &x, &torn, err, errlen)) < 0)
+        goto fail;
+    s->replaying = 0;
+    gift_log_remove_others(s->dir, s->gen);
+    if ((rc = gift_log_open(&s->log, s->dir, s->gen, 0, err, errlen)) < 0)
+        goto fail;
+    free(body);
+    /* A round whose last sketch was logged but whose epoch was not. */
+    for (size_t i = 0; i < s->ntensors; i++) {
+        tensor_t *t = &s->tensors[i];
+        if (t->owner && t->geometry && t->sk_active && t->sk_count == s->world)
+            sketch_complete(s, t);
+    }
+    ckpt_schedule(s);
+    if (!have && x.records == 0)
+        return 0;
+    s->c.restored_step = min_base(s);
+    GIFT_LOG_INFO(0,
+                  "restored from %s: checkpoint %s (generation %" PRIu64 "), %" PRIu64
+                  " log records%s; %zu tensors, %zu chunks, world %u, oldest unfinished step "
+                  "%" PRIu64,
+                  s->dir, have ? "found" : "absent", s->gen, x.records,
+                  torn ? " (an unfinished last record dropped)" : "", s->ntensors, s->nchunks,
+                  s->world, min_base(s));
+    return 1;
+fail:
+    s->replaying = 0;
+    free(body);
+    store_free(s);
+    return rc < 0 ? rc : GIFT_EIO;
 }

@@ -9,8 +9,31 @@
  * whole aggregation logic runs in unit tests with fake peers.
  *
  * The mean of a step is, element by element, fl(fl(sum) * fl(1/N)) + 0.0f,
- * where sum adds the decoded pushes in arrival order (eager aggregation) and
- * the + 0 turns -0 into +0; it is encoded with the tensor's pull codec.
+ * where the + 0 turns -0 into +0; it is encoded with the tensor's pull codec.
+ * How sum adds the decoded pushes is the aggregation mode:
+ *
+ *   ordered (the default)  in rank order 0, 1, ..., N-1, whatever order the
+ *       pushes arrive in, so a step's reply is bit-identical from run to run.
+ *       Each rank's encoded push is kept (world x 2 encoded chunks per chunk,
+ *       allocated at declaration); a push that arrives in rank order is
+ *       summed at once together with any kept pushes that now follow it, one
+ *       that arrives early is decoded once to validate it and kept. Sketch
+ *       sums of the geometry owner are rank-ordered the same way.
+ *   eager  in arrival order, each push decoded into the sum as it arrives:
+ *       no extra memory or decode, but the float sum depends on arrival order
+ *       (with 3 or more ranks).
+ *
+ * Persistence (checkpoint_steps > 0): the shard keeps in data_dir a
+ * checkpoint (declaration, per chunk its next step and the replies of its
+ * last two finished steps, per owned tensor its epochs, geometry and the
+ * sketches of an unfinished round) and a step log after it. A chunk's
+ * finished step is appended to the log and fdatasynced before any pull of it
+ * is answered; an accepted sketch before its SketchAck; a new epoch before it
+ * is announced. Pushes of unfinished steps are not made durable: the client
+ * keeps every push until the pull of its step completes and replays it after
+ * a reconnect. A checkpoint is written every checkpoint_steps steps (the
+ * oldest unfinished step over all chunks) and by gift_shard_checkpoint
+ * (SIGTERM); it starts a new log generation.
  *
  * Steps (DESIGN.md section 4): every chunk has a base step b, the oldest
  * unfinished one, and accumulators for b and b + 1. A push for a step below
@@ -82,7 +105,21 @@ typedef struct gift_shard_opts {
     uint32_t hits_every;       /* measure pull-codec boundary hits every N steps (0: never) */
     uint32_t stall_warn_s;     /* log a step waiting this long for ranks (0: never) */
     uint32_t stall_timeout_s;  /* fail its parked pulls after this long (0: never) */
+    int aggregate;             /* GIFT_SHARD_ORDERED (0, default) or GIFT_SHARD_EAGER */
+    const char *data_dir;      /* checkpoints and the step log (copied) */
+    uint32_t checkpoint_steps; /* 0: no persistence at all */
+    /* 1: finished steps are appended to the step log without a sync, and
+     * their pulls wait until the glue calls gift_shard_flush (once per
+     * event-loop turn: one fdatasync for every step finished in the turn).
+     * 0: each finished step is synced at once. */
+    int group_commit;
+    /* Shared-secret authentication at Hello (proto/gift_auth.h, gift.proto):
+     * NULL for none. Not copied: the key must outlive the shard. */
+    const struct gift_auth_key *auth;
 } gift_shard_opts_t;
+
+#define GIFT_SHARD_ORDERED 0
+#define GIFT_SHARD_EAGER 1
 
 typedef struct gift_shard gift_shard_t;
 typedef struct gift_peer gift_peer_t;
@@ -95,6 +132,9 @@ typedef struct gift_shard_counters {
     uint64_t push_frames_in[5], pull_frames_out[5]; /* counted pushes / replies, by codec */
     uint64_t pushes, duplicates, pulls, sketches, steps_finished, epochs_published;
     uint64_t stalls; /* chunk steps that waited past stall_warn */
+    /* Persistence. */
+    uint64_t checkpoints, checkpoint_failures, log_records, log_bytes, log_failures;
+    uint64_t restored_step; /* oldest unfinished step after a restore (0: none) */
     uint64_t errors[32]; /* by -code, 0..31 */
     uint32_t peers;
     /* Step latency (first push to finish) histogram, upper bounds in seconds:
@@ -132,6 +172,24 @@ void gift_shard_reject(gift_shard_t *s, gift_peer_t *p, int code, const char *te
  * missing ranks; past stall_timeout_s its parked pulls fail with
  * GIFT_ETIMEDOUT (the step itself stays open for the late ranks). */
 void gift_shard_tick(gift_shard_t *s);
+
+/* Loads the shard's state from opts.data_dir when checkpoint_steps > 0: the
+ * checkpoint if there is one, then the records of its step log; then opens
+ * the log for appending. Call once, before any peer. Returns 1 when state was
+ * restored, 0 when there was none (or persistence is off), or a negative code
+ * with a sentence in err: a checkpoint or log that is corrupt, truncated, of
+ * another shard or cluster, or unreadable is refused whole and the shard
+ * must not serve (the caller exits). */
+int gift_shard_restore(gift_shard_t *s, char *err, size_t errlen);
+
+/* Group commit: syncs the step log once and answers the pulls that waited
+ * for the steps finished since the last flush. Cheap when there are none. */
+void gift_shard_flush(gift_shard_t *s);
+
+/* Writes a checkpoint now (tmp, fsync, rename, fsync dir) and starts a new
+ * step-log generation. A no-op returning 0 when persistence is off or
+ * nothing was declared. Returns 0 or GIFT_EIO/GIFT_ENOMEM with err set. */
+int gift_shard_checkpoint(gift_shard_t *s, char *err, size_t errlen);
 
 /* Read-only views for metrics and status. */
 const gift_shard_counters_t *gift_shard_counters(const gift_shard_t *s);

@@ -122,7 +122,7 @@ static void teardown(void)
 
 static void setup_small(void)
 {
-    gift_limits_t lim = {SMALL_HDR, SMALL_FRAME};
+    gift_limits_t lim = {SMALL_HDR, SMALL_FRAME, 0};
 
     rd = gift_reader_new(&lim);
     ck_assert_ptr_nonnull(rd);
@@ -798,6 +798,53 @@ START_TEST(test_refused_before_buffering)
 }
 END_TEST
 
+/* handshake_frames: the first frames may carry no payload; a preamble that
+ * announces one is refused before its payload is buffered; later frames may. */
+START_TEST(test_handshake_no_payload)
+{
+    gift_limits_t lim = {0, 0, 2};
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Hello h = GIFT__HELLO__INIT;
+    uint8_t head[256], pre[16], *big = t_alloc(1u << 20);
+    gift_frame_t f;
+    long n;
+    int rc;
+
+    env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
+    env.hello = &h;
+    n = gift_frame_pack_head(&env, 0, head, sizeof head);
+    ck_assert_int_gt(n, 0);
+    for (int ok = 0; ok < 2; ok++) {
+        gift_reader_free(rd);
+        rd = gift_reader_new(&lim);
+        ck_assert_ptr_nonnull(rd);
+        /* Frame 1: payload-free, accepted. */
+        ck_assert_int_eq(gift_reader_feed(rd, head, (size_t)n), 0);
+        ck_assert_int_eq(gift_reader_next(rd, &f), 1);
+        if (ok) {
+            /* Frame 2 payload-free too; frame 3 may carry one. */
+            ck_assert_int_eq(gift_reader_feed(rd, head, (size_t)n), 0);
+            ck_assert_int_eq(gift_reader_next(rd, &f), 1);
+            n = gift_frame_pack_head(&env, 8, head, sizeof head);
+            ck_assert_int_eq(gift_reader_feed(rd, head, (size_t)n), 0);
+            ck_assert_int_eq(gift_reader_feed(rd, big, 8), 0);
+            rc = gift_reader_next(rd, &f);
+            ck_assert_msg(rc == 1 && f.payload_len == 8, "frame 3 with a payload: %d", rc);
+            break;
+        }
+        /* Frame 2 announces 60 MiB: refused at its preamble, nothing buffered. */
+        put_preamble(pre, "GIF1", (uint32_t)n - 16, 60ull << 20);
+        ck_assert_int_eq(gift_reader_feed(rd, pre, sizeof pre), 0);
+        rc = gift_reader_feed(rd, big, 1u << 20);
+        ck_assert_msg(rc == GIFT_EFRAMESIZE, "payload in frame 2 = %d (%s)", rc,
+                      gift_strerror(rc));
+        ck_assert_int_eq(gift_reader_next(rd, &f), GIFT_EFRAMESIZE);
+        ck_assert_msg(gift__reader_capacity(rd) <= GIFT__READER_MIN_CAP, "buffer grew to %zu",
+                      gift__reader_capacity(rd));
+    }
+}
+END_TEST
+
 /* Headers that are not an Envelope. */
 START_TEST(test_garbage_header)
 {
@@ -1340,6 +1387,7 @@ static Suite *frame_suite(void)
     tcase_add_test(bad, test_payload_len_above_limit);
     tcase_add_test(bad, test_payload_len_huge);
     tcase_add_test(bad, test_refused_before_buffering);
+    tcase_add_test(bad, test_handshake_no_payload);
     tcase_add_loop_test(bad, test_garbage_header, 0, 8);
     tcase_add_loop_test(bad, test_envelope_not_set, 0, 2);
     tcase_add_loop_test(bad, test_truncated, 0, 6);

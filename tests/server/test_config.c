@@ -167,7 +167,7 @@ START_TEST(test_defaults)
     ck_assert_int_eq(c.log_level, GIFT_LOG_LEVEL_INFO);
     ck_assert_int_eq(c.stall_warn, 30);
     ck_assert_int_eq(c.stall_timeout, 0);
-    ck_assert_int_eq(c.aggregate, GIFT_AGGREGATE_EAGER);
+    ck_assert_int_eq(c.aggregate, GIFT_AGGREGATE_ORDERED);
     ck_assert_int_eq(c.checkpoint_steps, 0);
     ck_assert_str_eq(c.auth_key_file, "");
     ck_assert_str_eq(c.config, "");
@@ -416,7 +416,7 @@ START_TEST(test_flags)
     load_ok(&c,
             L("--port", "9000", "--http-port=9001", "--bind", "::", "--data-dir=/srv/g",
               "--max-connections", "12", "--max-frame-bytes=1G", "--write-queue-bytes", "1M",
-              "--log-level=warn", "--aggregate", "ordered", "--shard-id", "1", "--num-shards=3",
+              "--log-level=warn", "--aggregate", "eager", "--shard-id", "1", "--num-shards=3",
               "--stall-timeout", "60", "--auth-key-file=/k", "--check-config"),
             NULL);
     ck_assert_int_eq(c.port, 9000);
@@ -427,7 +427,7 @@ START_TEST(test_flags)
     ck_assert_uint_eq(c.max_frame_bytes, 1u << 30);
     ck_assert_uint_eq(c.write_queue_bytes, 1u << 20);
     ck_assert_int_eq(c.log_level, GIFT_LOG_LEVEL_WARN);
-    ck_assert_int_eq(c.aggregate, GIFT_AGGREGATE_ORDERED);
+    ck_assert_int_eq(c.aggregate, GIFT_AGGREGATE_EAGER);
     ck_assert_int_eq(c.shard_id, 1);
     ck_assert_int_eq(c.num_shards, 3);
     ck_assert_int_eq(c.stall_timeout, 60);

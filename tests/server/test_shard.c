@@ -10,15 +10,18 @@
  *
  * Every expected reply is checked field by field. Pull payloads are compared
  * byte for byte with a reference pipeline built from the codec alone: decode
- * and sum the pushes in FP32 in their arrival order, multiply by 1/W, encode
+ * and sum the pushes in FP32 in rank order (ordered aggregation, the default)
+ * or in their arrival order (the "eager" cases), multiply by 1/W, encode
  * with the pull codec (DESIGN.md section 4). The mean is also compared with
- * the exact mean in double precision.
+ * the exact mean in double precision. The "persist" case runs shards with a
+ * data_dir: checkpoints and step logs round-trip, damaged ones are refused.
  *
  * The "regressions" case holds the reproducers of four bugs this suite found
  * in shard.c (a refused Hello or push changing state, a payload on Hello, an
  * owner mixing two epochs in one step); they pass since the fixes.
  */
 #include <check.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -26,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gift_codec.h"
 #include "gift_proto.h"
@@ -190,12 +194,17 @@ static void peer_gone(fake_t *fp)
     fp->gone = 1;
 }
 
+/* Set by the eager fixtures: every shard of the test sums in arrival order. */
+static int g_eager;
+
 static void shard_open(const gift_shard_opts_t *o)
 {
     memset(&G, 0, sizeof G);
     memset(P, 0, sizeof P);
     G.now = T0;
     O = *o;
+    if (g_eager)
+        O.aggregate = GIFT_SHARD_EAGER;
     S = gift_shard_new(&O, &IO);
     ck_assert_msg(S != NULL, "gift_shard_new(shard %u of %u, world %u) failed", O.shard_id,
                   O.num_shards, O.world_size);
@@ -668,7 +677,8 @@ static void push_grad_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t 
     push_grad_at((fp), (key), (chunk), (step), 0, (rank), (v), 1, __LINE__)
 
 /* The reference of DESIGN.md section 4 for one chunk: the pushes of the
- * ranks in order[] (data set v), decoded and summed in FP32 in that order,
+ * ranks in order[] (data set v), decoded and summed in FP32 in that order
+ * under eager aggregation, in rank order under ordered aggregation,
  * times 1/world, encoded with the pull codec. Returns the payload; exact[]
  * (optional) gets the mean in double of the decoded pushes and mag[] the
  * mean of their magnitudes. */
@@ -682,8 +692,15 @@ static uint8_t *reference(uint32_t key, uint32_t chunk, uint64_t v, const int *o
     float *acc = calloc(n, sizeof *acc), *dec = malloc(n * sizeof *dec);
     const float inv = 1.0f / (float)world;
     uint8_t *out;
+    static const int by_rank[64] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12,
+                                    13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+                                    26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38,
+                                    39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51,
+                                    52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
 
-    ck_assert(acc && dec);
+    ck_assert(acc && dec && world <= 64);
+    if (!g_eager)
+        order = by_rank;
     if (exact)
         memset(exact, 0, n * sizeof *exact);
     if (mag)
@@ -914,6 +931,19 @@ static void fx_std_declare(void)
 static void fx_teardown(void)
 {
     shard_close();
+    g_eager = 0;
+}
+
+static void fx_std_eager(void)
+{
+    g_eager = 1;
+    fx_std();
+}
+
+static void fx_hello_eager(void)
+{
+    g_eager = 1;
+    fx_hello();
 }
 
 /* Replaces the fixture's shard by one with other options. */
@@ -2243,6 +2273,16 @@ START_TEST(test_geometry_owner)
     ck_assert_msg(C()->epochs_published == 1 && C()->sketches == W,
                   "epochs_published %" PRIu64 " sketches %" PRIu64, C()->epochs_published,
                   C()->sketches);
+    if (!g_eager) {
+        /* Ordered aggregation sums the sketches in rank order too. */
+        memset(ysum, 0, (size_t)GDIN * GKS * sizeof(float));
+        trace_sum = 0;
+        for (int r = 0; r < W; r++) {
+            for (size_t j = 0; j < (size_t)GDIN * GKS; j++)
+                ysum[j] += Y[r][j];
+            trace_sum += tr[r];
+        }
+    }
     ck_assert_int_eq(gift_geometry_update(&ref, ysum, trace_sum, GIFT_DAMPING_DEFAULT), 0);
     ck_assert_msg(ref.epoch == 1 && !ref.identity, "reference epoch %u identity %d", ref.epoch,
                   ref.identity);
@@ -2786,6 +2826,508 @@ END_TEST
 
 /* ------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------ */
+/* Ordered aggregation                                                   */
+/* ------------------------------------------------------------------ */
+
+/* Values whose float sum depends on the order: 1e8 + 3 rounds to 1e8. */
+static void cancel_grad(uint32_t rank, size_t n, float *x)
+{
+    static const float v[W] = {1e8f, 3.0f, -1e8f, 5.0f};
+    for (size_t j = 0; j < n; j++)
+        x[j] = v[rank] * (float)(1 + j % 5);
+}
+
+/* Runs 24 steps of tensor 0 (f32) with every arrival order of 4 ranks under
+ * the given mode; returns how many steps' replies differ from step 0's. */
+static int replies_that_differ(int mode)
+{
+    gift_shard_opts_t o;
+    int perm[24][4], differ = 0;
+    size_t n = chunk_n(&STD_C[0]), rlen = 0;
+    float x[W][7 * 13];
+    uint8_t *first = NULL;
+
+    memset(&o, 0, sizeof o);
+    o.num_shards = 1;
+    o.max_parked = 64;
+    o.aggregate = mode;
+    reopen(&o);
+    fx_std_declare();
+    perms4(perm);
+    ck_assert(n == 7 * 13);
+    for (uint32_t r = 0; r < W; r++)
+        cancel_grad(r, n, x[r]);
+    for (uint64_t step = 0; step < 24; step++) {
+        sent_t *rep;
+        uint64_t q;
+        for (int i = 0; i < W; i++)
+            push_ok_at(&P[perm[step][i]], 0, 0, step, 0, x[perm[step][i]], 0, __LINE__);
+        q = PULL(&P[0], 0, 0, step);
+        rep = EXPECT_REPLY(&P[0], 0, 0, step, 0, q);
+        if (first == NULL) {
+            rlen = rep->len;
+            first = malloc(rlen);
+            ck_assert_ptr_nonnull(first);
+            memcpy(first, rep->copy, rlen);
+        } else if (rep->len != rlen || memcmp(rep->copy, first, rlen) != 0) {
+            differ++;
+        }
+        QUIET_ALL();
+        io_release(&P[0]);
+    }
+    if (mode == GIFT_SHARD_ORDERED) {
+        /* Rank order: ((1e8 + 3) - 1e8) + 5 = 5, times 1/4. */
+        float got;
+        memcpy(&got, first, 4);
+        ck_assert_msg(got == 1.25f, "ordered mean of element 0 is %.9g, wanted 1.25", got);
+    }
+    free(first);
+    return differ;
+}
+
+/* The same pushes in all 24 arrival orders: ordered replies are
+ * bit-identical; eager ones are not for these values. */
+START_TEST(test_ordered_bit_identical)
+{
+    int d_ordered = replies_that_differ(GIFT_SHARD_ORDERED);
+    int d_eager = replies_that_differ(GIFT_SHARD_EAGER);
+    ck_assert_msg(d_ordered == 0, "ordered: %d of 23 orders gave other bytes than rank order",
+                  d_ordered);
+    ck_assert_msg(d_eager > 0, "eager: every order gave the same bytes (the test data should "
+                               "make the sum order-dependent)");
+    if (getenv("GIFT_TEST_VERBOSE"))
+        printf("arrival orders with other bytes than the first: ordered %d/23, eager %d/23\n",
+               d_ordered, d_eager);
+}
+END_TEST
+
+/* An early push with a bad payload is refused (validated on arrival, not
+ * only when its turn in rank order comes) and leaves nothing behind. */
+START_TEST(test_ordered_validates_early_push)
+{
+    size_t n = chunk_n(chunk_of(2, 0)), len;
+    gift_codec_params_t p = params_of(E4M3, 32);
+    float *x = grad(2, 0, 3, 0);
+    uint8_t *b = encode(&p, x, n, &len);
+    const Gift__Error *e;
+    uint64_t q, seq;
+
+    memset(b, 0xff, 4); /* the first block scale becomes NaN */
+    ck_assert_int_eq(push_raw(&P[3], 2, 0, 0, 0, E4M3, 32, b, len), 0);
+    seq = g_seq - 1;
+    e = EXPECT_ERROR(&P[3], GIFT_EBADCODE, 0);
+    ck_assert_msg(e->seq == seq, "error seq %" PRIu64, e->seq);
+    for (int r = 0; r < W; r++)
+        PUSH_GRAD(&P[r], 2, 0, 0, (uint32_t)r, 0);
+    q = PULL(&P[0], 2, 0, 0);
+    {
+        sent_t *rep = EXPECT_REPLY(&P[0], 2, 0, 0, 0, q);
+        size_t rlen;
+        uint8_t *ref = reference(2, 0, 0, NULL, W, &rlen, NULL, NULL);
+        EXPECT_BYTES(rep, ref, rlen);
+        free(ref);
+    }
+    QUIET_ALL();
+    free(b);
+    free(x);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
+/* Persistence                                                           */
+/* ------------------------------------------------------------------ */
+
+static char g_dir[64];
+
+static void dir_clear(const char *dir)
+{
+    static const char *names[] = {"checkpoint", "checkpoint.tmp", NULL};
+    char path[256];
+    for (int i = 0; names[i]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    for (int g = 0; g < 64; g++) {
+        snprintf(path, sizeof path, "%s/log-%d", dir, g);
+        unlink(path);
+    }
+}
+
+static void fx_persist(void)
+{
+    strcpy(g_dir, "/tmp/gift-test-ckpt-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+    fx_base();
+}
+
+static void fx_persist_teardown(void)
+{
+    fx_teardown();
+    dir_clear(g_dir);
+    rmdir(g_dir);
+}
+
+/* Replaces the shard by one persisting to g_dir (every cs steps) and
+ * restores it; returns what gift_shard_restore returned (err in *why). */
+static int persist_open(uint32_t shard_id, uint32_t num_shards, uint32_t cs, char *why,
+                        size_t whylen)
+{
+    gift_shard_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.shard_id = shard_id;
+    o.num_shards = num_shards;
+    o.max_parked = 64;
+    o.data_dir = g_dir;
+    o.checkpoint_steps = cs;
+    reopen(&o);
+    return gift_shard_restore(S, why, whylen);
+}
+
+static void persist_open_ok(uint32_t cs, int want)
+{
+    char why[512];
+    int rc = persist_open(0, 1, cs, why, sizeof why);
+    ck_assert_msg(rc == want, "restore returned %d, wanted %d: %s", rc, want, why);
+}
+
+/* Pushes step `step` of every standard chunk from every rank (data set
+ * step), then pulls it on rank 0 and keeps the bytes in keep[chunk]. */
+static void std_step(uint64_t step, uint8_t **keep, size_t *keep_len)
+{
+    for (size_t ci = 0; ci < STD_NC; ci++) {
+        const cdesc_t *c = &STD_C[ci];
+        sent_t *rep;
+        uint64_t q;
+        for (int r = 0; r < W; r++)
+            PUSH_GRAD(&P[r], c->key, c->chunk, step, (uint32_t)r, step);
+        q = PULL(&P[0], c->key, c->chunk, step);
+        rep = EXPECT_REPLY(&P[0], c->key, c->chunk, step, 0, q);
+        if (keep != NULL) {
+            free(keep[ci]);
+            keep[ci] = malloc(rep->len);
+            ck_assert_ptr_nonnull(keep[ci]);
+            memcpy(keep[ci], rep->copy, rep->len);
+            keep_len[ci] = rep->len;
+        }
+        QUIET_ALL();
+        io_release(&P[0]);
+    }
+}
+
+/* The replies of steps 8 and 9 kept by a shard that was freed without a
+ * checkpoint of them (as by SIGKILL) come back byte for byte from the
+ * checkpoint plus the step log; the step in progress is replayed by the
+ * clients; a checkpoint written on demand round-trips the same way. */
+START_TEST(test_persist_round_trip)
+{
+    uint8_t *k8[STD_NC] = {0}, *k9[STD_NC] = {0};
+    size_t l8[STD_NC], l9[STD_NC];
+    char why[512];
+
+    persist_open_ok(4, 0);
+    fx_std_declare();
+    for (uint64_t step = 0; step < 10; step++)
+        std_step(step, step == 8 ? k8 : step == 9 ? k9 : NULL, step == 8 ? l8 : l9);
+    ck_assert_msg(C()->checkpoints == 2, "checkpoints %" PRIu64 " after 10 steps every 4",
+                  C()->checkpoints);
+    ck_assert_msg(C()->log_records > 0 && C()->log_failures == 0, "log records %" PRIu64
+                  " failures %" PRIu64, C()->log_records, C()->log_failures);
+    /* Step 10 partly pushed: not durable, the clients replay it. */
+    for (int r = 0; r < W - 1; r++)
+        PUSH_GRAD(&P[r], 0, 0, 10, (uint32_t)r, 10);
+
+    for (int round = 0; round < 2; round++) {
+        persist_open_ok(4, 1);
+        ck_assert_msg(gift_shard_tensor_count(S) == STD_NT && C()->restored_step == 10,
+                      "restored %zu tensors, step %" PRIu64, gift_shard_tensor_count(S),
+                      C()->restored_step);
+        fx_std_declare(); /* clients reconnect: Hello, the same Declare */
+        for (size_t ci = 0; ci < STD_NC; ci++) {
+            const cdesc_t *c = &STD_C[ci];
+            uint64_t q = PULL(&P[1], c->key, c->chunk, 8);
+            EXPECT_BYTES(EXPECT_REPLY(&P[1], c->key, c->chunk, 8, 0, q), k8[ci], l8[ci]);
+            q = PULL(&P[2], c->key, c->chunk, 9);
+            EXPECT_BYTES(EXPECT_REPLY(&P[2], c->key, c->chunk, 9, 0, q), k9[ci], l9[ci]);
+            PULL_ERR(&P[3], c->key, c->chunk, 7, GIFT_ESTEP);
+            PUSH_DUP(&P[3], c->key, c->chunk, 9, 3, 9);
+        }
+        QUIET_ALL();
+        if (round == 0) {
+            /* Step 10 from every rank again (replay) finishes it normally. */
+            std_step(10, NULL, NULL);
+            std_step(11, NULL, NULL);
+            ck_assert_int_eq(gift_shard_checkpoint(S, why, sizeof why), 0);
+            /* Rewind the expectations: the next restore is at step 12. */
+            for (size_t ci = 0; ci < STD_NC; ci++) {
+                const cdesc_t *c = &STD_C[ci];
+                uint64_t q = PULL(&P[0], c->key, c->chunk, 10);
+                sent_t *rep = EXPECT_REPLY(&P[0], c->key, c->chunk, 10, 0, q);
+                free(k8[ci]);
+                k8[ci] = malloc(rep->len);
+                memcpy(k8[ci], rep->copy, rep->len);
+                l8[ci] = rep->len;
+                q = PULL(&P[0], c->key, c->chunk, 11);
+                rep = EXPECT_REPLY(&P[0], c->key, c->chunk, 11, 0, q);
+                free(k9[ci]);
+                k9[ci] = malloc(rep->len);
+                memcpy(k9[ci], rep->copy, rep->len);
+                l9[ci] = rep->len;
+            }
+            QUIET_ALL();
+        }
+        if (round == 1)
+            break;
+        /* The second round checks steps 10 and 11 at pulls of "8" and "9" + 2. */
+        persist_open_ok(4, 1);
+        ck_assert_msg(C()->restored_step == 12, "restored step %" PRIu64, C()->restored_step);
+        fx_std_declare();
+        for (size_t ci = 0; ci < STD_NC; ci++) {
+            const cdesc_t *c = &STD_C[ci];
+            uint64_t q = PULL(&P[1], c->key, c->chunk, 10);
+            EXPECT_BYTES(EXPECT_REPLY(&P[1], c->key, c->chunk, 10, 0, q), k8[ci], l8[ci]);
+            q = PULL(&P[2], c->key, c->chunk, 11);
+            EXPECT_BYTES(EXPECT_REPLY(&P[2], c->key, c->chunk, 11, 0, q), k9[ci], l9[ci]);
+        }
+        QUIET_ALL();
+        break;
+    }
+    for (size_t ci = 0; ci < STD_NC; ci++) {
+        free(k8[ci]);
+        free(k9[ci]);
+    }
+}
+END_TEST
+
+/* A sketch round cut by a kill (two of four sketches in) continues after the
+ * restore, the replayed sketches are duplicates, and the epoch it builds is
+ * the one an uninterrupted round builds; the published epoch survives the
+ * next kill. */
+START_TEST(test_persist_geometry)
+{
+    gift_geometry_t ref;
+    float *Y[W], *ysum = calloc((size_t)GDIN * GKS, sizeof(float));
+    double tr[W], trace_sum = 0;
+    size_t ylen = (size_t)GDIN * GKS * 4;
+    sent_t *g0;
+
+    ck_assert_ptr_nonnull(ysum);
+    persist_open_ok(100, 0);
+    hello_all();
+    DECLARE_OK(&P[0], GEO_T, 2, GEO_OWNER_C, 3);
+    ck_assert_int_eq(gift_geometry_init(&ref, GDIN, GK, GKS, GEO_T[0].seed), 0);
+    ck_assert_int_eq(georeq_raw(&P[1], 0, 0), 0);
+    g0 = expect_geometry_at(&P[1], &ref, 0, __LINE__);
+    for (int r = 0; r < W; r++) {
+        GEO_PUSH(&P[r], 0, 0, 0, (uint32_t)r);
+        GEO_PUSH(&P[r], 1, 0, 0, (uint32_t)r);
+        Y[r] = malloc(ylen);
+        ck_assert_ptr_nonnull(Y[r]);
+        make_sketch((uint32_t)r, 1, (const float *)g0->copy, Y[r], &tr[r]);
+    }
+    for (int r = 0; r < W; r++) {
+        for (size_t j = 0; j < (size_t)GDIN * GKS; j++)
+            ysum[j] += Y[r][j];
+        trace_sum += tr[r];
+    }
+    ck_assert_int_eq(gift_geometry_update(&ref, ysum, trace_sum, GIFT_DAMPING_DEFAULT), 0);
+    sketch_ok_at(&P[2], 1, 0, tr[2], Y[2], 0, __LINE__);
+    sketch_ok_at(&P[0], 1, 0, tr[0], Y[0], 0, __LINE__);
+    QUIET_ALL();
+
+    persist_open_ok(100, 1); /* killed with half a round */
+    hello_all();
+    DECLARE_OK(&P[0], GEO_T, 2, GEO_OWNER_C, 3);
+    sketch_ok_at(&P[0], 1, 0, tr[0], Y[0], 1, __LINE__); /* replayed: duplicate */
+    sketch_ok_at(&P[1], 1, 0, tr[1], Y[1], 0, __LINE__);
+    sketch_ok_at(&P[2], 1, 0, tr[2], Y[2], 1, __LINE__);
+    ck_assert_msg(C()->epochs_published == 0, "published after 3 of 4 and duplicates");
+    sketch_ok_at(&P[3], 1, 0, tr[3], Y[3], 0, __LINE__);
+    ck_assert_msg(C()->epochs_published == 1, "not published after 4 of 4");
+    QUIET_ALL();
+    /* Exactly the epoch of an uninterrupted round (rank-ordered sum). */
+    ck_assert_int_eq(georeq_raw(&P[1], 0, 0), 0);
+    expect_geometry_at(&P[1], &ref, 2, __LINE__);
+    persist_open_ok(100, 1); /* killed after the epoch */
+    hello_all();
+    DECLARE_OK(&P[0], GEO_T, 2, GEO_OWNER_C, 3);
+    ck_assert_int_eq(georeq_raw(&P[1], 0, 0), 0);
+    expect_geometry_at(&P[1], &ref, 2, __LINE__);
+    sketch_ok_at(&P[3], 1, 0, tr[3], Y[3], 1, __LINE__); /* a replay of the finished round */
+    /* Step 0 was finished before the first kill; step 1 under epoch 0. */
+    GEO_PUSH_ERR(&P[0], 0, 1, 1, 0, GIFT_EEPOCH);
+    for (int r = 0; r < W; r++)
+        GEO_PUSH(&P[r], 0, 1, 0, (uint32_t)r);
+    QUIET_ALL();
+    for (int r = 0; r < W; r++)
+        free(Y[r]);
+    free(ysum);
+    gift_geometry_free(&ref);
+}
+END_TEST
+
+/* Group commit: a finished step's pulls wait for gift_shard_flush (the
+ * log's one sync per loop turn), parked or arriving late; then every one of
+ * them is answered, and a restore brings the step back. */
+START_TEST(test_persist_group_commit)
+{
+    gift_shard_opts_t o;
+    char why[512];
+    uint64_t q0, q1;
+
+    memset(&o, 0, sizeof o);
+    o.num_shards = 1;
+    o.max_parked = 64;
+    o.data_dir = g_dir;
+    o.checkpoint_steps = 100;
+    o.group_commit = 1;
+    reopen(&o);
+    ck_assert_int_eq(gift_shard_restore(S, why, sizeof why), 0);
+    fx_std_declare();
+    PUSH_GRAD(&P[0], 0, 0, 0, 0, 0);
+    q0 = PULL(&P[0], 0, 0, 0);
+    for (int r = 1; r < W; r++)
+        PUSH_GRAD(&P[r], 0, 0, 0, (uint32_t)r, 0);
+    q1 = PULL(&P[1], 0, 0, 0); /* finished, not yet synced: parks */
+    QUIET_ALL();
+    ck_assert_msg(C()->steps_finished == 1, "steps_finished %" PRIu64, C()->steps_finished);
+    gift_shard_flush(S);
+    EXPECT_REPLY(&P[0], 0, 0, 0, 0, q0);
+    EXPECT_REPLY(&P[1], 0, 0, 0, 0, q1);
+    QUIET_ALL();
+    gift_shard_flush(S); /* nothing pending: nothing sent */
+    QUIET_ALL();
+    q1 = PULL(&P[2], 0, 0, 0); /* durable now: at once */
+    EXPECT_REPLY(&P[2], 0, 0, 0, 0, q1);
+    persist_open_ok(100, 1);
+    ck_assert_msg(C()->restored_step == 1, "restored step %" PRIu64, C()->restored_step);
+}
+END_TEST
+
+static uint8_t *file_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    uint8_t *b;
+    long n;
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    b = malloc(n > 0 ? (size_t)n : 1);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+static void file_write(const char *path, const uint8_t *b, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    ck_assert_int_eq(fwrite(b, 1, len, f), len);
+    fclose(f);
+}
+
+/* Restores from the damaged files and expects a refusal naming the cause,
+ * with nothing loaded. */
+static void refused_at(const char *want, uint32_t shard_id, uint32_t num_shards, int line)
+{
+    char why[512];
+    int rc = persist_open(shard_id, num_shards, 100, why, sizeof why);
+    ck_assert_msg(rc < 0, "line %d: a damaged state was accepted (rc %d)", line, rc);
+    ck_assert_msg(strstr(why, want) != NULL, "line %d: refusal '%s' does not say '%s'", line, why,
+                  want);
+    ck_assert_msg(gift_shard_tensor_count(S) == 0, "line %d: %zu tensors half-loaded", line,
+                  gift_shard_tensor_count(S));
+}
+#define REFUSED(want) refused_at((want), 0, 1, __LINE__)
+
+/* A checkpoint with a flipped byte, cut short, empty, or of another shard,
+ * and a step log damaged before its end, are refused whole; a log whose last
+ * record was cut short (a crash inside its write) loses only that record. */
+START_TEST(test_persist_corrupt)
+{
+    char ck[128], lg[128], why[512];
+    uint8_t *good, *glog, *bad;
+    size_t len, llen;
+
+    persist_open_ok(100, 0);
+    fx_std_declare();
+    for (uint64_t step = 0; step < 3; step++)
+        std_step(step, NULL, NULL);
+    ck_assert_int_eq(gift_shard_checkpoint(S, why, sizeof why), 0);
+    std_step(3, NULL, NULL);
+    std_step(4, NULL, NULL);
+    snprintf(ck, sizeof ck, "%s/checkpoint", g_dir);
+    snprintf(lg, sizeof lg, "%s/log-1", g_dir);
+    good = file_read(ck, &len);
+    glog = file_read(lg, &llen);
+    ck_assert_msg(llen > 2 * 100, "log of %zu bytes", llen);
+    bad = malloc((len > llen ? len : llen) + 64);
+    ck_assert_ptr_nonnull(bad);
+
+    memcpy(bad, good, len);
+    bad[len / 2] ^= 0x10;
+    file_write(ck, bad, len);
+    REFUSED("checksum");
+    file_write(ck, good, len / 2);
+    REFUSED("truncated");
+    file_write(ck, good, 0);
+    REFUSED("not a giftd checkpoint");
+    memcpy(bad, good, len);
+    bad[8] = 9; /* version */
+    file_write(ck, bad, len);
+    REFUSED("version");
+    file_write(ck, good, len);
+    refused_at("shard 0 of 1", 1, 2, __LINE__);
+
+    /* A log damaged in its first record, with more after it. */
+    memcpy(bad, glog, llen);
+    bad[20] ^= 0x01;
+    file_write(lg, bad, llen);
+    REFUSED("corrupt");
+    /* The same log cut inside its last record: that record is dropped. */
+    file_write(lg, glog, llen - 3);
+    persist_open_ok(100, 1);
+    ck_assert_msg(C()->restored_step == 4, "restored step %" PRIu64 " (the last step 4 record "
+                  "was cut, so step 4 is open again)", C()->restored_step);
+    fx_std_declare();
+    {
+        /* The clients replay step 4: new for the last chunk, duplicates elsewhere. */
+        const cdesc_t *c = &STD_C[STD_NC - 1];
+        uint64_t q;
+        for (int r = 0; r < W; r++) {
+            PUSH_DUP(&P[r], 0, 0, 4, (uint32_t)r, 4);
+            PUSH_GRAD(&P[r], c->key, c->chunk, 4, (uint32_t)r, 4);
+        }
+        q = PULL(&P[0], c->key, c->chunk, 4);
+        EXPECT_REPLY(&P[0], c->key, c->chunk, 4, 0, q);
+        QUIET_ALL();
+    }
+
+    /* Intact files again: everything back. */
+    file_write(ck, good, len);
+    file_write(lg, glog, llen);
+    persist_open_ok(100, 1);
+    ck_assert_msg(C()->restored_step == 5, "restored step %" PRIu64, C()->restored_step);
+    /* A record whose head was cut after its magic: dropped, the rest kept. */
+    memcpy(bad, glog, llen);
+    memcpy(bad + llen, "GLR1\x02\0\0\0\x10", 9);
+    file_write(lg, bad, llen + 9);
+    persist_open_ok(100, 1);
+    ck_assert_msg(C()->restored_step == 5, "restored step %" PRIu64, C()->restored_step);
+    /* Garbage after the last record is damage, not a cut write. */
+    memcpy(bad + llen, "XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX", 32);
+    file_write(lg, bad, llen + 32);
+    REFUSED("corrupt");
+    file_write(lg, glog, llen);
+    free(good);
+    free(glog);
+    free(bad);
+}
+END_TEST
+
 static Suite *shard_suite(void)
 {
     Suite *s = suite_create("shard");
@@ -2793,6 +3335,8 @@ static Suite *shard_suite(void)
     TCase *sync = tcase_create("sync"), *geo = tcase_create("geometry");
     TCase *stats = tcase_create("stats"), *misc = tcase_create("misc");
     TCase *bugs = tcase_create("regressions");
+    TCase *eager = tcase_create("eager"), *geo_eager = tcase_create("geometry_eager");
+    TCase *ordered = tcase_create("ordered"), *persist = tcase_create("persist");
 
     tcase_add_checked_fixture(hello, fx_base, fx_teardown);
     tcase_add_test(hello, test_hello_ack);
@@ -2830,6 +3374,18 @@ static Suite *shard_suite(void)
     tcase_add_test(sync, test_mean_overflow);
     suite_add_tcase(s, sync);
 
+    /* The same sums in arrival order (aggregate = eager). */
+    tcase_add_checked_fixture(eager, fx_std_eager, fx_teardown);
+    tcase_set_timeout(eager, 60);
+    tcase_add_test(eager, test_sync_all_orders);
+    tcase_add_test(eager, test_duplicates);
+    tcase_add_test(eager, test_pipelining);
+    tcase_add_test(eager, test_bad_payloads);
+    suite_add_tcase(s, eager);
+    tcase_add_checked_fixture(geo_eager, fx_hello_eager, fx_teardown);
+    tcase_add_test(geo_eager, test_geometry_owner);
+    suite_add_tcase(s, geo_eager);
+
     tcase_add_checked_fixture(geo, fx_hello, fx_teardown);
     tcase_add_test(geo, test_geometry_owner);
     tcase_add_test(geo, test_geometry_update_fails);
@@ -2848,6 +3404,19 @@ static Suite *shard_suite(void)
     tcase_add_test(misc, test_rbuf);
     tcase_add_test(misc, test_new_invalid);
     suite_add_tcase(s, misc);
+
+    tcase_add_checked_fixture(ordered, fx_std, fx_teardown);
+    tcase_add_test(ordered, test_ordered_bit_identical);
+    tcase_add_test(ordered, test_ordered_validates_early_push);
+    suite_add_tcase(s, ordered);
+
+    tcase_add_checked_fixture(persist, fx_persist, fx_persist_teardown);
+    tcase_set_timeout(persist, 60);
+    tcase_add_test(persist, test_persist_round_trip);
+    tcase_add_test(persist, test_persist_geometry);
+    tcase_add_test(persist, test_persist_corrupt);
+    tcase_add_test(persist, test_persist_group_commit);
+    suite_add_tcase(s, persist);
 
     tcase_add_checked_fixture(bugs, fx_base, fx_teardown);
     tcase_add_test(bugs, test_bug_hello_payload);

@@ -72,14 +72,20 @@ typedef struct gift_client_opts {
     uint32_t backoff_max_ms;   /* reconnect backoff cap; 0: 2000 */
     uint64_t seed;             /* stochastic rounding and epoch-0 bases; 0: 1 */
     const char *name;          /* shown in the shards' logs; NULL: "gift-<pid>" */
+    /* The shards' shared secret (their auth_key_file): NULL: $GIFT_AUTH_KEY_FILE; unset or
+     * empty: no authentication. With a key the client proves it at Hello and refuses any
+     * shard that does not prove it back; the file must not be readable by other users. */
+    const char *auth_key_file;
 } gift_client_opts_t;
 
-#define GIFT_CLIENT_OPTS_INIT {sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL}
+#define GIFT_CLIENT_OPTS_INIT {sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL, NULL}
 
 /* Opens a client: reads what opts leaves unset from the environment, starts
  * the I/O thread and connects to every shard (Hello). Returns 0 and *out, or
  * GIFT_EINVAL (bad or missing servers/rank/world), GIFT_ETIMEDOUT (a shard
- * could not be reached within connect_timeout_ms), GIFT_EWORLD, GIFT_ENOMEM.
+ * could not be reached within connect_timeout_ms), GIFT_EWORLD, GIFT_ENOMEM,
+ * GIFT_EAUTH (the key file is unusable, said on stderr; a shard refused the
+ * key, or it requires one and none is set; a shard failed to prove the key).
  * On error *out is NULL and nothing is left running. */
 int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out);
 
