@@ -7,6 +7,11 @@
  * fp32 bytes (4 * n) over the median wall time of --repeats runs, after one
  * warm-up run, on one core (BLAS pinned to one thread). Single-core memcpy of
  * the same 4 * n bytes, timed in the same run, is the yardstick.
+ *
+ * --gpu runs the CUDA twins (gpu/gift_gpu.h) instead, on device memory, timed
+ * with CUDA events, beside a device-to-device copy of the same bytes, and
+ * times the transform for k = 8, 32 and 128. It exits 77 when this build has
+ * no gpu/ or the machine has no CUDA device.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -17,6 +22,11 @@
 #include <string.h>
 
 #include "gift_codec.h"
+#ifdef GIFT_HAVE_GPU
+#include <cuda_runtime_api.h>
+
+#include "gift_gpu.h"
+#endif
 
 #define CODEC_MAX_REPEATS 1000
 #define CODEC_SKETCH_ROUNDS 2
@@ -25,6 +35,9 @@
  * memcpy for Euclidean rows. */
 #define TARGET_E4M3 0.5
 #define TARGET_NVFP4 0.3
+/* The GPU issue's: ratio to a device-to-device copy. */
+#define TARGET_GPU_E4M3 0.6
+#define TARGET_GPU_NVFP4 0.4
 
 static const gift_format_t codec_formats[] = {GIFT_FMT_F32, GIFT_FMT_BF16, GIFT_FMT_E4M3,
                                               GIFT_FMT_E5M2, GIFT_FMT_NVFP4};
@@ -38,6 +51,9 @@ typedef struct codec_opts {
     uint64_t seed;
     const char *json;
     int simd; /* -1: leave the default path */
+    int gpu;          /* --gpu: the CUDA twins on device 0 */
+    int repeats_set;  /* --repeats given */
+    int json_set;     /* --json given */
 } codec_opts_t;
 
 /* One benchmark row: a format under one transform. */
@@ -71,7 +87,7 @@ void bench_codec_usage(FILE *f)
 {
     fprintf(f,
             "usage: gift-bench codec [--mib N] [--repeats R] [--din D] [--k K] [--seed S]\n"
-            "                        [--simd scalar|avx2|avx512] [--json FILE]\n"
+            "                        [--simd scalar|avx2|avx512] [--gpu] [--json FILE]\n"
             "\n"
             "Encode and decode throughput of f32, bf16, fp8-e4m3, fp8-e5m2 and nvfp4 on one\n"
             "core, for one fp32 tensor of N MiB (n = N * 262144 elements, gradient-like\n"
@@ -97,9 +113,17 @@ void bench_codec_usage(FILE *f)
             "  --seed S       seed of the data and the geometry (default 1)\n"
             "  --simd P       force the SIMD path (gift_simd_force); default: the best this\n"
             "                 CPU has, or GIFT_SIMD from the environment\n"
-            "  --json FILE    write results here (default %s/codec.json)\n"
+            "  --gpu          run the CUDA twins on device 0 instead (device memory, CUDA\n"
+            "                 events, default 20 repeats): encode/decode GB/s beside a\n"
+            "                 device-to-device copy, a bit-for-bit check against the CPU\n"
+            "                 codec, and the transform for k = 8, 32, 128. Targets: fp8-e4m3\n"
+            "                 >= %.1fx copy, nvfp4 >= %.1fx, the k=32 transform <= the fp8\n"
+            "                 encode's time. Exits 77 without gpu/ or a device.\n"
+            "  --json FILE    write results here (default %s/codec.json, --gpu:\n"
+            "                 %s/codec_gpu.json)\n"
             "  --help         this text\n",
-            TARGET_E4M3, TARGET_NVFP4, BENCH_OUT_DIR);
+            TARGET_E4M3, TARGET_NVFP4, TARGET_GPU_E4M3, TARGET_GPU_NVFP4, BENCH_OUT_DIR,
+            BENCH_OUT_DIR);
 }
 
 static int parse_opts(int argc, char **argv, codec_opts_t *o)
@@ -111,6 +135,7 @@ static int parse_opts(int argc, char **argv, codec_opts_t *o)
     o->seed = 1;
     o->json = BENCH_OUT_DIR "/codec.json";
     o->simd = -1;
+    o->gpu = o->repeats_set = o->json_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 
@@ -124,6 +149,7 @@ static int parse_opts(int argc, char **argv, codec_opts_t *o)
         } else if (strcmp(a, "--repeats") == 0) {
             if (bench_parse_long(a, v, 1, CODEC_MAX_REPEATS, &o->repeats) < 0)
                 return -1;
+            o->repeats_set = 1;
             i++;
         } else if (strcmp(a, "--din") == 0) {
             if (bench_parse_long(a, v, 2, 1 << 16, &o->din) < 0)
@@ -143,7 +169,10 @@ static int parse_opts(int argc, char **argv, codec_opts_t *o)
                 return -1;
             }
             o->json = v;
+            o->json_set = 1;
             i++;
+        } else if (strcmp(a, "--gpu") == 0) {
+            o->gpu = 1;
         } else if (strcmp(a, "--simd") == 0) {
             if (v == NULL) {
                 fprintf(stderr, "gift-bench: --simd needs scalar, avx2 or avx512\n");
@@ -469,6 +498,432 @@ static int write_json(const codec_opts_t *o, const codec_bufs_t *b, const codec_
     return 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* --gpu: the CUDA twins                                                 */
+/* ------------------------------------------------------------------ */
+
+#ifndef GIFT_HAVE_GPU
+static int bench_codec_gpu(const codec_opts_t *o)
+{
+    (void)o;
+    fprintf(stderr, "gift-bench codec --gpu: this gift-bench was built without the CUDA twins "
+                    "(gpu/ needs nvcc; GIFT_WITH_CUDA=AUTO|ON): skipped\n");
+    return 77;
+}
+#else
+
+#define GPU_TRANSFORM_KS 3
+static const int gpu_transform_k[GPU_TRANSFORM_KS] = {8, 32, 128};
+
+typedef struct gpu_row {
+    gift_format_t fmt;
+    size_t payload_bytes;
+    double enc_gbps, dec_gbps, target;
+    int same_bits; /* payload and decode equal the CPU's, bit for bit */
+    int pass;
+    double enc_s[CODEC_MAX_REPEATS], dec_s[CODEC_MAX_REPEATS];
+} gpu_row_t;
+
+typedef struct gpu_tf_row {
+    int k, ks;
+    double fwd_ms, inv_ms;
+    double fwd_s[CODEC_MAX_REPEATS], inv_s[CODEC_MAX_REPEATS];
+} gpu_tf_row_t;
+
+/* Everything the GPU benchmark holds; device buffers end in _d. */
+typedef struct gpu_bench {
+    gift_gpu_ctx_t *ctx;
+    cudaStream_t stream;
+    cudaEvent_t ev0, ev1;
+    size_t n, cap;
+    int rows, din;
+    float *x, *out;           /* host: input, CPU decode */
+    uint8_t *pay, *pay_g;     /* host: CPU payload, GPU payload */
+    float *out_g;             /* host: GPU decode */
+    float *x_d, *t_d, *out_d, *w_d;
+    uint8_t *pay_d;
+} gpu_bench_t;
+
+static int gpu_cuda_ok(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    fprintf(stderr, "gift-bench codec --gpu: %s: %s\n", what, cudaGetErrorString(e));
+    return -1;
+}
+
+static int gpu_gift_ok(gpu_bench_t *g, int rc, const char *what)
+{
+    if (rc == 0)
+        return 0;
+    fprintf(stderr, "gift-bench codec --gpu: %s: %s %s\n", what, gift_strerror(rc),
+            gift_gpu_last_error(g->ctx));
+    return -1;
+}
+
+/* What one timed step runs. */
+typedef enum gpu_op { GPU_COPY, GPU_ENCODE, GPU_DECODE, GPU_T, GPU_TINV } gpu_op_t;
+
+static int gpu_run(gpu_bench_t *g, gpu_op_t op, const gift_codec_params_t *p, size_t len,
+                   const gift_gpu_geometry_t *geo)
+{
+    switch (op) {
+    case GPU_COPY:
+        return gpu_cuda_ok(cudaMemcpyAsync(g->out_d, g->x_d, g->n * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, g->stream),
+                           "device copy");
+    case GPU_ENCODE:
+        return gpu_gift_ok(g, gift_gpu_encode(g->ctx, p, g->x_d, g->n, g->pay_d, g->cap),
+                           "gift_gpu_encode");
+    case GPU_DECODE:
+        return gpu_gift_ok(g, gift_gpu_decode(g->ctx, p, g->pay_d, len, g->n, g->out_d),
+                           "gift_gpu_decode");
+    case GPU_T:
+        return gpu_gift_ok(g, gift_gpu_transform(g->ctx, geo, 0, g->x_d, g->rows, g->t_d, g->w_d),
+                           "gift_gpu_transform");
+    case GPU_TINV:
+        return gpu_gift_ok(g, gift_gpu_transform(g->ctx, geo, 1, g->t_d, g->rows, g->out_d, g->w_d),
+                           "gift_gpu_transform (inverse)");
+    }
+    return -1;
+}
+
+/* Times op repeats times (after one warm-up) with CUDA events on the
+ * context's stream; seconds into s. Checks the context's error word. */
+static int gpu_time(gpu_bench_t *g, gpu_op_t op, const gift_codec_params_t *p, size_t len,
+                    const gift_gpu_geometry_t *geo, double *s, long repeats)
+{
+    for (long r = -1; r < repeats; r++) {
+        float ms;
+
+        if (gpu_cuda_ok(cudaEventRecord(g->ev0, g->stream), "cudaEventRecord") < 0 ||
+            gpu_run(g, op, p, len, geo) < 0 ||
+            gpu_cuda_ok(cudaEventRecord(g->ev1, g->stream), "cudaEventRecord") < 0 ||
+            gpu_cuda_ok(cudaEventSynchronize(g->ev1), "cudaEventSynchronize") < 0 ||
+            gpu_cuda_ok(cudaEventElapsedTime(&ms, g->ev0, g->ev1), "cudaEventElapsedTime") < 0)
+            return -1;
+        if (r >= 0)
+            s[r] = ms * 1e-3;
+    }
+    return gpu_gift_ok(g, gift_gpu_sync(g->ctx), "gift_gpu_sync");
+}
+
+static double gpu_median_gbps(size_t n, const double *s, long repeats)
+{
+    double tmp[2 * CODEC_MAX_REPEATS];
+
+    memcpy(tmp, s, (size_t)repeats * sizeof(double));
+    return 4.0 * (double)n / bench_median(tmp, (size_t)repeats) / 1e9;
+}
+
+/* One format: the bit check against the CPU codec, then encode and decode
+ * timings. */
+static int gpu_row(gpu_bench_t *g, gpu_row_t *row, long repeats)
+{
+    gift_codec_params_t p;
+    gift_layout_t l;
+    const char *name = gift_format_name(row->fmt);
+
+    memset(&p, 0, sizeof p);
+    p.fmt = row->fmt;
+    if (gift_layout(&p, g->n, &l) < 0 || l.total > g->cap)
+        return -1;
+    row->payload_bytes = l.total;
+    if (gift_encode(&p, g->x, g->n, g->pay, g->cap) < 0 ||
+        gift_decode(&p, g->pay, l.total, g->n, g->out) < 0) {
+        fprintf(stderr, "gift-bench codec --gpu: the CPU codec failed on %s\n", name);
+        return -1;
+    }
+    if (gpu_cuda_ok(cudaMemset(g->pay_d, 0xA7, g->cap), "cudaMemset") < 0 ||
+        gpu_cuda_ok(cudaMemset(g->out_d, 0xA7, g->n * sizeof(float)), "cudaMemset") < 0 ||
+        gpu_run(g, GPU_ENCODE, &p, l.total, NULL) < 0 ||
+        gpu_run(g, GPU_DECODE, &p, l.total, NULL) < 0 ||
+        gpu_gift_ok(g, gift_gpu_sync(g->ctx), name) < 0 ||
+        gpu_cuda_ok(cudaMemcpy(g->pay_g, g->pay_d, l.total, cudaMemcpyDeviceToHost),
+                    "copy back") < 0 ||
+        gpu_cuda_ok(cudaMemcpy(g->out_g, g->out_d, g->n * sizeof(float), cudaMemcpyDeviceToHost),
+                    "copy back") < 0)
+        return -1;
+    row->same_bits = memcmp(g->pay, g->pay_g, l.total) == 0 &&
+                     memcmp(g->out, g->out_g, g->n * sizeof(float)) == 0;
+    if (!row->same_bits)
+        fprintf(stderr, "gift-bench codec --gpu: %s: the GPU bytes differ from the CPU's\n", name);
+    if (gpu_time(g, GPU_ENCODE, &p, l.total, NULL, row->enc_s, repeats) < 0 ||
+        gpu_time(g, GPU_DECODE, &p, l.total, NULL, row->dec_s, repeats) < 0)
+        return -1;
+    row->enc_gbps = gpu_median_gbps(g->n, row->enc_s, repeats);
+    row->dec_gbps = gpu_median_gbps(g->n, row->dec_s, repeats);
+    return 0;
+}
+
+/* The transform for rank k: a real geometry built on the host (as in the
+ * CPU rows), uploaded, then T and T^-1 timed. */
+static int gpu_transform_row(gpu_bench_t *g, gpu_tf_row_t *row, uint64_t seed, long repeats)
+{
+    codec_bufs_t hb;
+    gift_gpu_geometry_t geo;
+    double tmp[CODEC_MAX_REPEATS];
+    int rc = -1;
+
+    memset(&hb, 0, sizeof hb);
+    hb.din = g->din;
+    if (build_geometry(&hb, row->k, seed) < 0)
+        goto out;
+    row->ks = hb.g.ks;
+    if (gpu_gift_ok(g, gift_gpu_geometry_init(&geo, hb.g.din, hb.g.k, hb.g.ks),
+                    "gift_gpu_geometry_init") < 0)
+        goto out;
+    if (gpu_gift_ok(g, gift_gpu_geometry_upload(g->ctx, &geo, &hb.g), "upload") == 0 &&
+        gpu_time(g, GPU_T, NULL, 0, &geo, row->fwd_s, repeats) == 0 &&
+        gpu_time(g, GPU_TINV, NULL, 0, &geo, row->inv_s, repeats) == 0) {
+        memcpy(tmp, row->fwd_s, (size_t)repeats * sizeof(double));
+        row->fwd_ms = 1e3 * bench_median(tmp, (size_t)repeats);
+        memcpy(tmp, row->inv_s, (size_t)repeats * sizeof(double));
+        row->inv_ms = 1e3 * bench_median(tmp, (size_t)repeats);
+        rc = 0;
+    }
+    gift_gpu_geometry_free(&geo);
+out:
+    if (hb.have_g)
+        gift_geometry_free(&hb.g);
+    return rc;
+}
+
+static void gpu_bench_free(gpu_bench_t *g)
+{
+    cudaFree(g->pay_d);
+    cudaFree(g->w_d);
+    cudaFree(g->out_d);
+    cudaFree(g->t_d);
+    cudaFree(g->x_d);
+    if (g->ev0)
+        cudaEventDestroy(g->ev0);
+    if (g->ev1)
+        cudaEventDestroy(g->ev1);
+    gift_gpu_ctx_free(g->ctx);
+    free(g->out_g);
+    free(g->pay_g);
+    free(g->pay);
+    free(g->out);
+    free(g->x);
+}
+
+static int gpu_write_json(const codec_opts_t *o, const gpu_bench_t *g, const char *gpu_name,
+                          const char *date, double copy_gbps, const double *copy_s, long ncopy,
+                          const gpu_row_t *rows, size_t nrows, const gpu_tf_row_t *tf, size_t ntf,
+                          double e4m3_enc_ms, double wall)
+{
+    const char *path = o->json_set ? o->json : BENCH_OUT_DIR "/codec_gpu.json";
+    bench_json_t j;
+    FILE *f;
+
+    if (bench_mkdir_for(path) < 0 || (f = fopen(path, "w")) == NULL) {
+        perror(path);
+        return -1;
+    }
+    bench_json_open(&j, f);
+    bench_json_str(&j, "benchmark", "codec_gpu");
+    bench_json_str(&j, "codec_version", GIFT_CODEC_VERSION);
+    bench_json_str(&j, "date", date);
+    bench_json_str(&j, "gpu", gpu_name);
+    bench_json_int(&j, "mib", o->mib);
+    bench_json_int(&j, "n", (long long)g->n);
+    bench_json_int(&j, "repeats", o->repeats);
+    bench_json_obj(&j, "device_copy");
+    bench_json_num(&j, "gbps", copy_gbps);
+    json_samples(&j, "seconds", copy_s, ncopy);
+    bench_json_obj_end(&j);
+    bench_json_arr(&j, "rows");
+    for (size_t i = 0; i < nrows; i++) {
+        bench_json_obj(&j, NULL);
+        bench_json_str(&j, "format", gift_format_name(rows[i].fmt));
+        bench_json_int(&j, "payload_bytes", (long long)rows[i].payload_bytes);
+        bench_json_num(&j, "encode_gbps", rows[i].enc_gbps);
+        bench_json_num(&j, "decode_gbps", rows[i].dec_gbps);
+        bench_json_num(&j, "encode_x_copy", rows[i].enc_gbps / copy_gbps);
+        bench_json_num(&j, "decode_x_copy", rows[i].dec_gbps / copy_gbps);
+        bench_json_bool(&j, "same_bits_as_cpu", rows[i].same_bits);
+        if (rows[i].target > 0.0) {
+            bench_json_num(&j, "target_x_copy", rows[i].target);
+            bench_json_bool(&j, "pass", rows[i].pass);
+        }
+        json_samples(&j, "encode_s", rows[i].enc_s, o->repeats);
+        json_samples(&j, "decode_s", rows[i].dec_s, o->repeats);
+        bench_json_obj_end(&j);
+    }
+    bench_json_arr_end(&j);
+    bench_json_arr(&j, "transform");
+    for (size_t i = 0; i < ntf; i++) {
+        bench_json_obj(&j, NULL);
+        bench_json_int(&j, "rows", g->rows);
+        bench_json_int(&j, "din", g->din);
+        bench_json_int(&j, "k", tf[i].k);
+        bench_json_int(&j, "ks", tf[i].ks);
+        bench_json_num(&j, "forward_ms", tf[i].fwd_ms);
+        bench_json_num(&j, "inverse_ms", tf[i].inv_ms);
+        bench_json_num(&j, "forward_x_e4m3_encode", tf[i].fwd_ms / e4m3_enc_ms);
+        json_samples(&j, "forward_s", tf[i].fwd_s, o->repeats);
+        json_samples(&j, "inverse_s", tf[i].inv_s, o->repeats);
+        bench_json_obj_end(&j);
+    }
+    bench_json_arr_end(&j);
+    bench_json_num(&j, "wall_s", wall);
+    bench_json_close(&j);
+    if (fclose(f) != 0) {
+        perror(path);
+        return -1;
+    }
+    return 0;
+}
+
+static int bench_codec_gpu(const codec_opts_t *o_in)
+{
+    codec_opts_t o = *o_in;
+    gpu_bench_t g;
+    gpu_row_t *rows = NULL;
+    gpu_tf_row_t *tf = NULL;
+    double *copy_s = NULL, tmp[2 * CODEC_MAX_REPEATS], copy_gbps, e4m3_ms = 0.0;
+    double t_start = bench_now(), wall;
+    char name[256], date[64];
+    size_t ntf = 0;
+    int status = 1, fail = 0, mismatch = 0;
+
+    memset(&g, 0, sizeof g);
+    if (gift_gpu_device_count() == 0) {
+        fprintf(stderr, "gift-bench codec --gpu: no CUDA device on this machine: skipped\n");
+        return 77;
+    }
+    if (!o.repeats_set)
+        o.repeats = 20;
+    g.n = (size_t)o.mib << 18;
+    g.din = (int)o.din;
+    g.rows = (int)(g.n / (size_t)o.din);
+    for (size_t i = 0; i < CODEC_NFORMATS; i++) {
+        gift_codec_params_t p;
+        gift_layout_t l;
+
+        memset(&p, 0, sizeof p);
+        p.fmt = codec_formats[i];
+        if (gift_layout(&p, g.n, &l) == 0 && l.total > g.cap)
+            g.cap = l.total;
+    }
+    if (gpu_gift_ok(&g, gift_gpu_ctx_create(0, NULL, &g.ctx), "gift_gpu_ctx_create") < 0)
+        goto out;
+    g.stream = (cudaStream_t)gift_gpu_ctx_stream(g.ctx);
+    gift_gpu_device_name(0, name, sizeof name);
+    g.x = bench_alloc(g.n * sizeof(float));
+    g.out = bench_alloc(g.n * sizeof(float));
+    g.out_g = bench_alloc(g.n * sizeof(float));
+    g.pay = bench_alloc(g.cap);
+    g.pay_g = bench_alloc(g.cap);
+    rows = calloc(CODEC_NFORMATS, sizeof *rows);
+    tf = calloc(GPU_TRANSFORM_KS, sizeof *tf);
+    copy_s = calloc(2 * (size_t)o.repeats, sizeof(double));
+    if (!g.x || !g.out || !g.out_g || !g.pay || !g.pay_g || !rows || !tf || !copy_s) {
+        fprintf(stderr, "gift-bench codec --gpu: out of host memory\n");
+        goto out;
+    }
+    if (gpu_cuda_ok(cudaMalloc((void **)&g.x_d, g.n * sizeof(float)), "cudaMalloc") < 0 ||
+        gpu_cuda_ok(cudaMalloc((void **)&g.t_d, g.n * sizeof(float)), "cudaMalloc") < 0 ||
+        gpu_cuda_ok(cudaMalloc((void **)&g.out_d, g.n * sizeof(float)), "cudaMalloc") < 0 ||
+        gpu_cuda_ok(cudaMalloc((void **)&g.w_d, (size_t)g.rows * 128 * sizeof(float)),
+                    "cudaMalloc") < 0 ||
+        gpu_cuda_ok(cudaMalloc((void **)&g.pay_d, g.cap), "cudaMalloc") < 0 ||
+        gpu_cuda_ok(cudaEventCreate(&g.ev0), "cudaEventCreate") < 0 ||
+        gpu_cuda_ok(cudaEventCreate(&g.ev1), "cudaEventCreate") < 0)
+        goto out;
+    fill_data(g.x, g.n, g.din, o.seed);
+    if (gpu_cuda_ok(cudaMemcpy(g.x_d, g.x, g.n * sizeof(float), cudaMemcpyHostToDevice),
+                    "cudaMemcpy") < 0)
+        goto out;
+    bench_date_utc(date, sizeof date);
+    fprintf(stderr, "gift-bench codec --gpu: %s, %ld MiB, %ld repeats ...\n", name, o.mib,
+            o.repeats);
+
+    if (gpu_time(&g, GPU_COPY, NULL, 0, NULL, copy_s, o.repeats) < 0)
+        goto out;
+    for (size_t i = 0; i < CODEC_NFORMATS; i++) {
+        rows[i].fmt = codec_formats[i];
+        rows[i].target = rows[i].fmt == GIFT_FMT_E4M3    ? TARGET_GPU_E4M3
+                         : rows[i].fmt == GIFT_FMT_NVFP4 ? TARGET_GPU_NVFP4
+                                                         : 0.0;
+        if (gpu_row(&g, &rows[i], o.repeats) < 0)
+            goto out;
+        mismatch |= !rows[i].same_bits;
+    }
+    for (size_t i = 0; i < GPU_TRANSFORM_KS; i++) {
+        if (gpu_transform_k[i] > g.din)
+            continue;
+        tf[ntf].k = gpu_transform_k[i];
+        if (gpu_transform_row(&g, &tf[ntf], o.seed, o.repeats) < 0)
+            goto out;
+        ntf++;
+    }
+    if (gpu_time(&g, GPU_COPY, NULL, 0, NULL, copy_s + o.repeats, o.repeats) < 0)
+        goto out;
+    memcpy(tmp, copy_s, 2 * (size_t)o.repeats * sizeof(double));
+    copy_gbps = 4.0 * (double)g.n / bench_median(tmp, 2 * (size_t)o.repeats) / 1e9;
+
+    printf("## gift-bench codec --gpu\n\n");
+    printf("- date %s; GPU %s (device 0); CUDA events on one stream\n", date, name);
+    printf("- tensor: %ld MiB of fp32 (n = %zu) in device memory; GB/s = 4n bytes / median of "
+           "%ld runs (1 GB = 1e9 B)\n",
+           o.mib, g.n, o.repeats);
+    printf("- device-to-device copy of the same %zu bytes: **%.1f GB/s** (median of %ld runs, "
+           "before and after)\n\n",
+           4 * g.n, copy_gbps, 2 * o.repeats);
+    printf("| format | bits/elem | encode GB/s | x copy | decode GB/s | x copy | same bits as CPU "
+           "| target | pass |\n");
+    printf("|---|---:|---:|---:|---:|---:|---|---:|---|\n");
+    for (size_t i = 0; i < CODEC_NFORMATS; i++) {
+        gpu_row_t *r = &rows[i];
+        char target[16] = "";
+        const char *pass = "";
+
+        if (r->target > 0.0) {
+            r->pass = r->enc_gbps >= r->target * copy_gbps && r->dec_gbps >= r->target * copy_gbps;
+            snprintf(target, sizeof target, ">= %.1fx", r->target);
+            pass = r->pass ? "PASS" : "FAIL";
+            fail |= !r->pass;
+        }
+        if (r->fmt == GIFT_FMT_E4M3)
+            e4m3_ms = 4e3 * (double)g.n / (r->enc_gbps * 1e9);
+        printf("| %s | %.2f | %.1f | %.2f | %.1f | %.2f | %s | %s | %s |\n",
+               gift_format_name(r->fmt), 8.0 * (double)r->payload_bytes / (double)g.n, r->enc_gbps,
+               r->enc_gbps / copy_gbps, r->dec_gbps, r->dec_gbps / copy_gbps,
+               r->same_bits ? "yes" : "**NO**", target, pass);
+    }
+    printf("\nGIFT transform on the device (%d x %d, cuBLAS FP32), beside the fp8-e4m3 encode "
+           "(%.3f ms):\n\n",
+           g.rows, g.din, e4m3_ms);
+    printf("| k | ks | T ms | T^-1 ms | T GB/s | T / e4m3 encode | target | pass |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for (size_t i = 0; i < ntf; i++) {
+        double ratio = tf[i].fwd_ms / e4m3_ms;
+        int is32 = tf[i].k == 32;
+
+        if (is32)
+            fail |= ratio > 1.0;
+        printf("| %d | %d | %.3f | %.3f | %.1f | %.2f | %s | %s |\n", tf[i].k, tf[i].ks,
+               tf[i].fwd_ms, tf[i].inv_ms, 4.0 * (double)g.n / (tf[i].fwd_ms * 1e6), ratio,
+               is32 ? "<= 1.0" : "", is32 ? (ratio <= 1.0 ? "PASS" : "FAIL") : "");
+    }
+    wall = bench_now() - t_start;
+    printf("\nbit-for-bit with the CPU codec: %s; targets: %s; wall time %.1f s\n",
+           mismatch ? "**NO**" : "yes", fail ? "FAIL" : "PASS", wall);
+    if (gpu_write_json(&o, &g, name, date, copy_gbps, copy_s, 2 * o.repeats, rows, CODEC_NFORMATS,
+                       tf, ntf, e4m3_ms, wall) < 0)
+        goto out;
+    status = mismatch ? 1 : 0;
+out:
+    gpu_bench_free(&g);
+    free(copy_s);
+    free(tf);
+    free(rows);
+    return status;
+}
+#endif
+
 int bench_codec_main(int argc, char **argv)
 {
     codec_opts_t o;
@@ -483,6 +938,8 @@ int bench_codec_main(int argc, char **argv)
     memset(&b, 0, sizeof(b));
     if ((rc = parse_opts(argc, argv, &o)) != 0)
         return rc > 0 ? 0 : 2;
+    if (o.gpu)
+        return bench_codec_gpu(&o);
     if (o.simd >= 0 && (rc = gift_simd_force((gift_simd_t)o.simd)) < 0) {
         fprintf(stderr, "gift-bench: --simd %s: %s (this CPU's best is %s)\n",
                 gift_simd_name((gift_simd_t)o.simd), gift_strerror(rc),

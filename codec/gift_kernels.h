@@ -1,8 +1,13 @@
 /*
  * gift_kernels.h: the table of inner loops behind gift_encode/gift_decode.
- * Internal to codec/: format.c holds the scalar reference table and the
- * dispatch; simd_avx2.c and simd_avx512.c hold their twins. Every entry of
- * every table produces the same bits as the scalar one.
+ * Internal to codec/ and gpu/: format.c holds the scalar reference table and
+ * the dispatch; simd_avx2.c and simd_avx512.c hold their twins. Every entry
+ * of every table produces the same bits as the scalar one.
+ *
+ * The element conversions below are the reference arithmetic. They compile
+ * for the host and, under nvcc, for the device too (GIFT__HD), so the CUDA
+ * twins in gpu/ run these very lines: the GPU is bit-identical to the CPU by
+ * construction, not by a second implementation.
  */
 #ifndef GIFT_KERNELS_H
 #define GIFT_KERNELS_H
@@ -12,6 +17,17 @@
 #include <string.h>
 
 #include "gift_codec.h"
+
+/* Host-and-device marker for the shared inline arithmetic. */
+#ifdef __CUDACC__
+#define GIFT__HD __host__ __device__
+#else
+#define GIFT__HD
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* A small float format: mantissa bits, exponent bias, largest finite code
  * without its sign, the sign bit's position, the fp32 bits of the smallest
@@ -62,14 +78,14 @@ void gift__nvfp4_block(const float *x, size_t len, float s_t, uint8_t *sb, uint8
 extern const gift__kernels_t *const gift__kernels_avx2;
 extern const gift__kernels_t *const gift__kernels_avx512;
 
-static inline uint32_t gift__f2u(float f)
+static inline GIFT__HD uint32_t gift__f2u(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
 
-static inline float gift__u2f(uint32_t u)
+static inline GIFT__HD float gift__u2f(uint32_t u)
 {
     float f;
     memcpy(&f, &u, 4);
@@ -78,14 +94,14 @@ static inline float gift__u2f(uint32_t u)
 
 /* Loads that tolerate any alignment: payloads arrive at arbitrary offsets of
  * a connection's read buffer. They compile to plain loads. */
-static inline float gift__ldf(const void *p)
+static inline GIFT__HD float gift__ldf(const void *p)
 {
     float v;
     memcpy(&v, p, 4);
     return v;
 }
 
-static inline uint16_t gift__ldu16(const void *p)
+static inline GIFT__HD uint16_t gift__ldu16(const void *p)
 {
     uint16_t v;
     memcpy(&v, p, 2);
@@ -93,7 +109,7 @@ static inline uint16_t gift__ldu16(const void *p)
 }
 
 /* 2^e as a float for -126 <= e <= 127. */
-static inline float gift__pow2f(int e)
+static inline GIFT__HD float gift__pow2f(int e)
 {
     return gift__u2f((uint32_t)(e + 127) << 23);
 }
@@ -102,7 +118,7 @@ static inline float gift__pow2f(int e)
  * nearest even, saturating at f->maxcode. Every SIMD path mirrors these exact
  * steps: the normal range rounds the fp32 bit pattern, the subnormal range
  * scales by a power of two (exact) and rounds to an integer. */
-static inline uint32_t gift__cvt_rne(const gift__minifmt_t *f, float y)
+static inline GIFT__HD uint32_t gift__cvt_rne(const gift__minifmt_t *f, float y)
 {
     uint32_t b = gift__f2u(y);
     uint32_t a = b & 0x7FFFFFFFu;
@@ -122,7 +138,7 @@ static inline uint32_t gift__cvt_rne(const gift__minifmt_t *f, float y)
 
 /* The same with stochastic rounding from 32 random bits r: rounds up with
  * probability equal to the dropped fraction (unbiased below saturation). */
-static inline uint32_t gift__cvt_sr(const gift__minifmt_t *f, float y, uint32_t r)
+static inline GIFT__HD uint32_t gift__cvt_sr(const gift__minifmt_t *f, float y, uint32_t r)
 {
     uint32_t b = gift__f2u(y);
     uint32_t a = b & 0x7FFFFFFFu;
@@ -142,13 +158,11 @@ static inline uint32_t gift__cvt_sr(const gift__minifmt_t *f, float y, uint32_t 
 }
 
 /* Value of a small-float code (finite codes only). */
-static inline float gift__mini_value(const gift__minifmt_t *f, uint32_t c)
+static inline GIFT__HD float gift__mini_value(const gift__minifmt_t *f, uint32_t c)
 {
     uint32_t mag = c & ((1u << f->signpos) - 1);
-    int ebits = f->signpos - f->mbits;
     uint32_t e = mag >> f->mbits, m = mag & ((1u << f->mbits) - 1);
     float v;
-    (void)ebits;
     if (e == 0)
         v = (float)m * gift__pow2f(1 - f->bias - f->mbits);
     else
@@ -157,7 +171,7 @@ static inline float gift__mini_value(const gift__minifmt_t *f, uint32_t c)
 }
 
 /* bf16 round to nearest even, saturating to the finite max. */
-static inline uint16_t gift__bf16_rne(float y)
+static inline GIFT__HD uint16_t gift__bf16_rne(float y)
 {
     uint32_t b = gift__f2u(y);
     uint32_t a = b & 0x7FFFFFFFu;
@@ -167,7 +181,7 @@ static inline uint16_t gift__bf16_rne(float y)
     return (uint16_t)(code | ((b >> 31) << 15));
 }
 
-static inline uint16_t gift__bf16_sr(float y, uint32_t r)
+static inline GIFT__HD uint16_t gift__bf16_sr(float y, uint32_t r)
 {
     uint32_t b = gift__f2u(y);
     uint32_t a = b & 0x7FFFFFFFu;
@@ -177,4 +191,152 @@ static inline uint16_t gift__bf16_sr(float y, uint32_t r)
     return (uint16_t)(code | ((b >> 31) << 15));
 }
 
+/* ------------------------------------------------------------------ */
+/* Backends: the codec on one kind of memory                            */
+/* ------------------------------------------------------------------ */
+
+/* The codec's entry points for one kind of memory, siblings behind one table
+ * (ggml's way): a caller picks a backend once per buffer, never #ifdef at
+ * each call. gift__backend_cpu() is host memory (ctx unused, every call
+ * synchronous); gift__backend_cuda (gpu/gift_gpu.h, only where gpu/ is built)
+ * is device memory, ctx a gift_gpu_ctx_t *, calls stream-ordered and data
+ * errors returned by sync. geom is a gift_geometry_t * on the CPU and a
+ * gift_gpu_geometry_t * on the GPU. Same arguments, same bytes, same codes
+ * as the gift_* functions they wrap. */
+typedef struct gift__backend {
+    const char *name; /* "cpu", "cuda" */
+    int (*encode)(void *ctx, const gift_codec_params_t *p, const float *x, size_t n,
+                  void *payload, size_t cap);
+    int (*decode)(void *ctx, const gift_codec_params_t *p, const void *payload, size_t len,
+                  size_t n, float *out);
+    int (*decode_acc)(void *ctx, const gift_codec_params_t *p, const void *payload, size_t len,
+                      size_t n, float *acc);
+    int (*transform)(void *ctx, const void *geom, int inverse, const float *G, int rows,
+                     float *out, float *work);
+    int (*ef_add)(void *ctx, const float *e, size_t n, float *p);
+    int (*ef_update)(void *ctx, const float *p, const float *decoded, size_t n, float *e);
+    int (*sync)(void *ctx);
+} gift__backend_t;
+
+static inline int gift__cpu_encode(void *ctx, const gift_codec_params_t *p, const float *x,
+                                   size_t n, void *payload, size_t cap)
+{
+    (void)ctx;
+    return gift_encode(p, x, n, payload, cap);
+}
+
+static inline int gift__cpu_decode(void *ctx, const gift_codec_params_t *p, const void *payload,
+                                   size_t len, size_t n, float *out)
+{
+    (void)ctx;
+    return gift_decode(p, payload, len, n, out);
+}
+
+static inline int gift__cpu_decode_acc(void *ctx, const gift_codec_params_t *p,
+                                       const void *payload, size_t len, size_t n, float *acc)
+{
+    (void)ctx;
+    return gift_decode_acc(p, payload, len, n, acc);
+}
+
+static inline int gift__cpu_transform(void *ctx, const void *geom, int inverse, const float *G,
+                                      int rows, float *out, float *work)
+{
+    (void)ctx;
+    return gift_transform((const gift_geometry_t *)geom, inverse, G, rows, out, work);
+}
+
+/* gift_ef_add / gift_ef_update on plain arrays (the same float operation). */
+static inline int gift__cpu_ef_add(void *ctx, const float *e, size_t n, float *p)
+{
+    (void)ctx;
+    if ((e == NULL || p == NULL) && n > 0)
+        return GIFT_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        p[i] += e[i];
+    return 0;
+}
+
+static inline int gift__cpu_ef_update(void *ctx, const float *p, const float *decoded, size_t n,
+                                      float *e)
+{
+    (void)ctx;
+    if ((p == NULL || decoded == NULL || e == NULL) && n > 0)
+        return GIFT_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        e[i] = p[i] - decoded[i];
+    return 0;
+}
+
+static inline int gift__cpu_sync(void *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
+/* The host-memory backend. */
+static inline const gift__backend_t *gift__backend_cpu(void)
+{
+    static const gift__backend_t cpu = {
+        "cpu",
+        gift__cpu_encode,
+        gift__cpu_decode,
+        gift__cpu_decode_acc,
+        gift__cpu_transform,
+        gift__cpu_ef_add,
+        gift__cpu_ef_update,
+        gift__cpu_sync,
+    };
+    return &cpu;
+}
+
+/* Philox4x32-10 (Random123) and the stochastic-rounding key, the same
+ * arithmetic as gift_philox4x32 and gift_sr_bits in format.c, inline so the
+ * GPU twins can run it per element. */
+static inline GIFT__HD void gift__philox(uint32_t c[4], uint32_t k0, uint32_t k1)
+{
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c[0];
+        uint64_t p1 = (uint64_t)0xCD9E8D57u * c[2];
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c[1] ^ k0;
+        uint32_t n1 = (uint32_t)p1;
+        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c[3] ^ k1;
+        uint32_t n3 = (uint32_t)p0;
+        c[0] = n0, c[1] = n1, c[2] = n2, c[3] = n3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+}
+
+static inline GIFT__HD uint64_t gift__sr_mix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* The Philox key of an SR key: (seed, rank, the step's high half). */
+static inline GIFT__HD void gift__sr_philox_key(const gift_sr_key_t *k, uint32_t key[2])
+{
+    uint64_t h = gift__sr_mix64(k->seed ^
+                                  gift__sr_mix64(((uint64_t)k->rank << 32) | (k->step >> 32)));
+    key[0] = (uint32_t)h;
+    key[1] = (uint32_t)(h >> 32);
+}
+
+/* The four SR words of element group g (elements 4g .. 4g + 3). */
+static inline GIFT__HD void gift__sr_group(const gift_sr_key_t *k, const uint32_t key[2],
+                                           uint64_t g, uint32_t out[4])
+{
+    out[0] = (uint32_t)g;
+    out[1] = (uint32_t)k->step;
+    out[2] = k->key;
+    out[3] = k->chunk ^ ((uint32_t)(g >> 32) << 16);
+    gift__philox(out, key[0], key[1]);
+}
+
+#ifdef __cplusplus
+}
+#endif
 #endif
