@@ -60,8 +60,16 @@ typedef struct conn {
     int reading;
     int closing;
     int in_list;
+    uint64_t t_accept; /* uv_now at accept: the Hello must follow within GIFT_HANDSHAKE_MS */
+    int expired;       /* refused for a missing Hello; closing */
     struct conn *next, *prev;
 } conn_t;
+
+/* A connection that has not completed its Hello (and the authentication, when
+ * auth_key_file is set) this long after accept is refused with
+ * GIFT_ETIMEDOUT and closed, so silent connections cannot hold the
+ * max_connections slots. Workers say Hello at once. */
+#define GIFT_HANDSHAKE_MS 10000
 
 typedef struct http_conn {
     uv_tcp_t tcp;
@@ -357,8 +365,12 @@ static void on_connection(uv_stream_t *l, int status)
         s->conns->prev = c;
     s->conns = c;
     c->in_list = 1;
+    c->t_accept = uv_now(&s->loop);
     s->nconns++;
     uv_tcp_nodelay(&c->tcp, 1);
+    /* A worker that vanished (power, link) is found by keepalive probes and
+     * its connection closed, instead of holding a slot and its parked pulls. */
+    (void)uv_tcp_keepalive(&c->tcp, 1, 30);
     {
         struct sockaddr_storage ss;
         int len = sizeof ss;
@@ -529,7 +541,15 @@ static void on_flush(uv_check_t *h)
 static void on_tick(uv_timer_t *t)
 {
     gift_server_t *s = t->data;
+    uint64_t now = uv_now(&s->loop);
     gift_shard_tick(s->shard);
+    for (conn_t *c = s->conns; c != NULL; c = c->next)
+        if (!c->closing && !c->expired && c->peer != NULL && !gift_shard_peer_ready(c->peer) &&
+            now - c->t_accept >= GIFT_HANDSHAKE_MS) {
+            c->expired = 1;
+            gift_shard_reject(s->shard, c->peer, GIFT_ETIMEDOUT,
+                              "no Hello within 10 s of connecting");
+        }
 }
 
 static void exit_now(int signum)

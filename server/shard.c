@@ -1611,6 +1611,11 @@ out:
 /* Dispatch                                                              */
 /* ------------------------------------------------------------------ */
 
+int gift_shard_peer_ready(const gift_peer_t *p)
+{
+    return p->hello;
+}
+
 void gift_shard_reject(gift_shard_t *s, gift_peer_t *p, int code, const char *text)
 {
     send_error(s, p, code, 1, 0, 0, 0, 0, "%s", text ? text : gift_strerror(code));

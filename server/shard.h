@@ -167,6 +167,9 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f);
  * closes the peer. */
 void gift_shard_reject(gift_shard_t *s, gift_peer_t *p, int code, const char *text);
 
+/* 1 once the peer's Hello (and authentication, when on) has succeeded. */
+int gift_shard_peer_ready(const gift_peer_t *p);
+
 /* Called about once a second by the glue: a chunk step that some ranks have
  * pushed and others not for stall_warn_s seconds is logged once, naming the
  * missing ranks; past stall_timeout_s its parked pulls fail with

@@ -615,6 +615,24 @@ START_TEST(test_bad_input_table)
                   "giftd RSS grew from %ld kB to %ld kB over %d bad connections", rss0, rss1,
                   BAD_CONNS);
 
+    /* A silent connection (no Hello): refused with ETIMEDOUT about 10 s after
+     * accept (GIFT_HANDSHAKE_MS in server/net.c), then closed. */
+    {
+        raw_t c;
+        struct timeval tv = {20, 0};
+        double t1 = now_ms(), waited;
+        raw_open(&c);
+        setsockopt(c.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        raw_expect_error(&c, GIFT_ETIMEDOUT, 1, "silent connection");
+        waited = (now_ms() - t1) / 1000.0;
+        ck_assert_msg(waited >= 9.0 && waited < 20.0,
+                      "silent connection refused after %.1f s, want about 10 s", waited);
+        raw_expect_eof(&c, "silent connection");
+        raw_close(&c);
+        printf("row %-60s -> %s after %.1f s\n", "silent connection (no Hello)",
+               gift_strerror(GIFT_ETIMEDOUT), waited);
+    }
+
     steps = worker_stop();
     printf("the worker completed %ld steps beside it; %.1f s in all\n", steps,
            (now_ms() - t0) / 1000.0);
