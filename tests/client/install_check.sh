@@ -203,6 +203,10 @@ fi
 while IFS= read -r var; do unset "$var"; done < <(compgen -e | grep '^GIFTD_' || true)
 for exe in "${binaries[@]}"; do
     name=$(basename "$exe")
+    # A fresh file per run: reading the previous giftd's ready line (the
+    # background redirect may not have truncated it yet) gave a stale port.
+    rm -f "$work/ready"
+    : >"$work/ready"
     "$giftd" --bind 127.0.0.1 --port 0 --http-port off --world-size 1 \
         >"$work/ready" 2>"$work/giftd.log" &
     pid=$!
