@@ -61,6 +61,33 @@ static inline void d2h(void *h, const void *d, size_t n)
     CUDA_OK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
 }
 
+/* The suite's context on device 0: made by gpu_setup, freed by gpu_teardown
+ * (the suite's checked fixture). */
+static gift_gpu_ctx_t *ctx;
+
+static inline void gpu_setup(void)
+{
+    int rc = gift_gpu_ctx_create(0, NULL, &ctx);
+    ck_assert_msg(rc == 0, "gift_gpu_ctx_create: %s", gift_strerror(rc));
+}
+
+static inline void gpu_teardown(void)
+{
+    gift_gpu_ctx_free(ctx);
+    ctx = NULL;
+}
+
+/* A test case of s named name, with gpu_setup and gpu_teardown as its
+ * checked fixture and a timeout of timeout_s seconds; add its tests. */
+static inline TCase *gpu_tcase(Suite *s, const char *name, double timeout_s)
+{
+    TCase *tc = tcase_create(name);
+    tcase_add_checked_fixture(tc, gpu_setup, gpu_teardown);
+    tcase_set_timeout(tc, timeout_s);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 /* Runs suite s without fork; exits 77 when there is no CUDA device. */
 static inline int gpu_test_main(Suite *(*make)(void))
 {

@@ -14,20 +14,6 @@
 #include "gift_kernels.h"
 #include "gpu_test_util.h"
 
-static gift_gpu_ctx_t *ctx;
-
-static void setup(void)
-{
-    int rc = gift_gpu_ctx_create(0, NULL, &ctx);
-    ck_assert_msg(rc == 0, "gift_gpu_ctx_create: %s", gift_strerror(rc));
-}
-
-static void teardown(void)
-{
-    gift_gpu_ctx_free(ctx);
-    ctx = NULL;
-}
-
 /* Gradient-like input: N(0,1) times a log-normal scale per 97 elements. */
 static void fill_grad(float *x, size_t n, uint64_t *s)
 {
@@ -400,10 +386,8 @@ END_TEST
 static Suite *make_suite(void)
 {
     Suite *s = suite_create("gpu_codec");
-    TCase *tc = tcase_create("codec");
+    TCase *tc = gpu_tcase(s, "codec", 600);
 
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_rne_matches_cpu, 0, 5);
     tcase_add_loop_test(tc, test_sr_matches_cpu, 0, 5);
     tcase_add_loop_test(tc, test_fp8_blocks, 0, 2);
@@ -413,7 +397,6 @@ static Suite *make_suite(void)
     tcase_add_loop_test(tc, test_edges_and_arguments, 0, 5);
     tcase_add_loop_test(tc, test_ef_matches_cpu, 0, 4);
     tcase_add_loop_test(tc, test_backend_table, 0, 5);
-    suite_add_tcase(s, tc);
     return s;
 }
 

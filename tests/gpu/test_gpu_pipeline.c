@@ -12,20 +12,6 @@
 
 #include "gpu_test_util.h"
 
-static gift_gpu_ctx_t *ctx;
-
-static void setup(void)
-{
-    int rc = gift_gpu_ctx_create(0, NULL, &ctx);
-    ck_assert_msg(rc == 0, "gift_gpu_ctx_create: %s", gift_strerror(rc));
-}
-
-static void teardown(void)
-{
-    gift_gpu_ctx_free(ctx);
-    ctx = NULL;
-}
-
 static atomic_int fired, bad_status;
 
 static void ready_cb(void *arg, int status)
@@ -248,14 +234,11 @@ END_TEST
 static Suite *make_suite(void)
 {
     Suite *s = suite_create("gpu_pipeline");
-    TCase *tc = tcase_create("pipeline");
+    TCase *tc = gpu_tcase(s, "pipeline", 300);
 
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_push_identity_bit_exact, 0, 6);
     tcase_add_test(tc, test_push_nan_reported);
     tcase_add_test(tc, test_push_pull_geometry);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -10,20 +10,6 @@
 
 #define TOL 1e-4
 
-static gift_gpu_ctx_t *ctx;
-
-static void setup(void)
-{
-    int rc = gift_gpu_ctx_create(0, NULL, &ctx);
-    ck_assert_msg(rc == 0, "gift_gpu_ctx_create: %s", gift_strerror(rc));
-}
-
-static void teardown(void)
-{
-    gift_gpu_ctx_free(ctx);
-    ctx = NULL;
-}
-
 static double rel_err(const float *ref, const float *x, size_t n)
 {
     double num = 0.0, den = 0.0;
@@ -217,15 +203,12 @@ END_TEST
 static Suite *make_suite(void)
 {
     Suite *s = suite_create("gpu_transform");
-    TCase *tc = tcase_create("transform");
+    TCase *tc = gpu_tcase(s, "transform", 600);
 
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_transform_matches_cpu, 0, NSHAPES);
     tcase_add_test(tc, test_identity_copies);
     tcase_add_loop_test(tc, test_sketch_matches_cpu, 0, 4);
     tcase_add_test(tc, test_arguments);
-    suite_add_tcase(s, tc);
     return s;
 }
 

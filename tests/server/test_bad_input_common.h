@@ -1,11 +1,12 @@
 /*
  * test_bad_input_common.h: what test_bad_input.c and test_auth.c share: a
  * real giftd (GIFTD_BIN) started on 127.0.0.1 with --port 0 --http-port 0
- * (its ready line read from a pipe, its stderr in a file under $TMPDIR,
- * PR_SET_PDEATHSIG so that a failing test leaves nothing behind), and a raw
- * client over blocking sockets with SO_RCVTIMEO/SO_SNDTIMEO: frames packed
- * with gift_frame_pack_head, received through a gift_reader_t, including
- * the authentication handshake of gift.proto done by hand.
+ * by tests/common/gift_test_daemon.h (its ready line read from a pipe, its
+ * stderr in a file under $TMPDIR, PR_SET_PDEATHSIG so that a failing test
+ * leaves nothing behind), and a raw client over blocking sockets with
+ * SO_RCVTIMEO/SO_SNDTIMEO: frames packed with gift_frame_pack_head, received
+ * through a gift_reader_t, including the authentication handshake of
+ * gift.proto done by hand.
  */
 #ifndef TEST_BAD_INPUT_COMMON_H
 #define TEST_BAD_INPUT_COMMON_H
@@ -32,197 +33,20 @@
 #include "gift_auth.h"
 #include "gift_error.h"
 #include "gift_proto.h"
+#include "gift_test_daemon.h"
 #include "gift_test_time.h"
 
-#ifndef GIFTD_BIN
-#error "compile with -DGIFTD_BIN=\"path of the giftd executable\""
-#endif
-
 #define IO_TIMEOUT_MS 5000
-#define READY_TIMEOUT_MS 20000
 #define STOP_TIMEOUT_MS 15000
 
-extern char **environ;
-
-typedef struct daemon {
-    pid_t pid;
-    int port, http_port;
-    int out_fd;
-    int stopped;
-    int status; /* wait status once stopped */
-    char log_path[512];
-} daemon_t;
-
-static daemon_t D = {.pid = -1, .out_fd = -1};
-
-/* The daemon's log (up to cap - 1 bytes; the end when tail). */
-static inline size_t log_read(char *buf, size_t cap, int tail)
-{
-    FILE *f = fopen(D.log_path, "r");
-    size_t n;
-    long size;
-    buf[0] = '\0';
-    if (f == NULL)
-        return 0;
-    if (tail && fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) > (long)(cap - 1))
-        fseek(f, size - (long)(cap - 1), SEEK_SET);
-    else
-        fseek(f, 0, SEEK_SET);
-    n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return n;
-}
-
-static inline const char *log_tail(void)
-{
-    static char buf[3072];
-    log_read(buf, sizeof buf, 1);
-    return buf;
-}
-
-/* Occurrences of needle in the whole log (binary-safe: len bytes). */
-static inline int log_count_mem(const void *needle, size_t len)
-{
-    static char buf[64 << 20];
-    size_t n = log_read(buf, sizeof buf, 0);
-    int count = 0;
-    for (size_t i = 0; len > 0 && i + len <= n; i++)
-        if (memcmp(buf + i, needle, len) == 0)
-            count++;
-    return count;
-}
-
-static inline int log_count(const char *needle)
-{
-    return log_count_mem(needle, strlen(needle));
-}
-
-static inline void log_check_clean(void)
-{
-    static const char *const bad[] = {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
-                                      "runtime error", "AddressSanitizer:DEADLYSIGNAL"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        ck_assert_msg(log_count(bad[i]) == 0, "giftd log %s holds \"%s\":\n%s", D.log_path, bad[i],
-                      log_tail());
-}
-
-static inline int wait_exit(pid_t pid, int timeout_ms, int *status)
-{
-    double end = now_ms() + timeout_ms;
-    for (;;) {
-        pid_t r = waitpid(pid, status, WNOHANG);
-        if (r == pid)
-            return 1;
-        if (r < 0 && errno != EINTR)
-            return 0;
-        if (now_ms() >= end)
-            return 0;
-        sleep_ms(5);
-    }
-}
-
-/* 1 while the daemon runs. */
-static inline int daemon_alive(void)
-{
-    int status;
-    if (D.pid <= 0 || D.stopped)
-        return 0;
-    if (waitpid(D.pid, &status, WNOHANG) == D.pid) {
-        D.stopped = 1;
-        D.status = status;
-        return 0;
-    }
-    return 1;
-}
-
-static inline void daemon_exec(char *const argv[], int out_w, int log_fd, pid_t parent)
-{
-    char names[64][128];
-    int nn = 0;
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-        _exit(127);
-    if (dup2(out_w, STDOUT_FILENO) < 0 || dup2(log_fd, STDERR_FILENO) < 0)
-        _exit(127);
-    for (char **e = environ; *e != NULL && nn < 64; e++) {
-        const char *eq = strchr(*e, '=');
-        if (strncmp(*e, "GIFTD_", 6) == 0 && eq != NULL && (size_t)(eq - *e) < sizeof names[0]) {
-            memcpy(names[nn], *e, (size_t)(eq - *e));
-            names[nn++][eq - *e] = '\0';
-        }
-    }
-    for (int i = 0; i < nn; i++)
-        unsetenv(names[i]);
-    execv(argv[0], argv);
-    _exit(127);
-}
-
-/* Starts giftd with the common flags plus extra (NULL-terminated). With
- * expect_ready, reads its ready line and fails the test without one;
- * otherwise returns 0 when the ready line came, or the exit status (> 0)
- * when giftd exited first. */
+/* Starts giftd (gift_test_daemon.h) with the common flags plus extra
+ * (NULL-terminated). With expect_ready, reads its ready line and fails the
+ * test without one; otherwise returns 0 when the ready line came, or the
+ * exit status (> 0) when giftd exited first. */
 static inline int daemon_start_ex(const char *const *extra, int expect_ready)
 {
-    const char *tmp = getenv("TMPDIR");
-    char *argv[48];
-    int argc = 0, out[2], log_fd, status;
-    char line[256];
-    size_t len = 0;
-    double end;
-    pid_t parent = getpid();
-
-    memset(&D, 0, sizeof D);
-    D.pid = -1;
-    D.out_fd = -1;
-    snprintf(D.log_path, sizeof D.log_path, "%s/giftd-sec-XXXXXX",
-             tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
-    log_fd = mkstemp(D.log_path);
-    ck_assert_msg(log_fd >= 0, "mkstemp(%s): %s", D.log_path, strerror(errno));
-    ck_assert_msg(pipe2(out, O_CLOEXEC) == 0, "pipe2: %s", strerror(errno));
-    argv[argc++] = (char *)GIFTD_BIN;
-    argv[argc++] = (char *)"--bind";
-    argv[argc++] = (char *)"127.0.0.1";
-    argv[argc++] = (char *)"--port";
-    argv[argc++] = (char *)"0";
-    argv[argc++] = (char *)"--http-port";
-    argv[argc++] = (char *)"0";
-    for (; extra != NULL && *extra != NULL && argc < 47; extra++)
-        argv[argc++] = (char *)*extra;
-    argv[argc] = NULL;
-    D.pid = fork();
-    ck_assert_msg(D.pid >= 0, "fork: %s", strerror(errno));
-    if (D.pid == 0)
-        daemon_exec(argv, out[1], log_fd, parent);
-    close(out[1]);
-    close(log_fd);
-    D.out_fd = out[0];
-    end = now_ms() + READY_TIMEOUT_MS;
-    while (memchr(line, '\n', len) == NULL) {
-        struct pollfd pfd = {.fd = D.out_fd, .events = POLLIN};
-        int left = (int)(end - now_ms());
-        ssize_t n;
-        ck_assert_msg(left > 0 && len < sizeof line - 1,
-                      "giftd printed no ready line within %d ms; log %s:\n%s", READY_TIMEOUT_MS,
-                      D.log_path, log_tail());
-        if (poll(&pfd, 1, left) <= 0)
-            continue;
-        n = read(D.out_fd, line + len, sizeof line - 1 - len);
-        if (n <= 0) {
-            ck_assert_msg(!expect_ready, "giftd closed stdout before its ready line; log %s:\n%s",
-                          D.log_path, log_tail());
-            ck_assert_msg(wait_exit(D.pid, READY_TIMEOUT_MS, &status), "giftd did not exit");
-            D.stopped = 1;
-            D.status = status;
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        }
-        len += (size_t)n;
-    }
-    line[len] = '\0';
-    ck_assert_msg(sscanf(line, "giftd ready port=%d http_port=%d", &D.port, &D.http_port) == 2 &&
-                      D.port > 0,
-                  "unexpected ready line \"%s\"", line);
-    return 0;
+    static const daemon_opts_t opts = {.log_prefix = "giftd-sec-"};
+    return daemon_start_opts(&opts, extra, expect_ready);
 }
 
 static inline void daemon_start(const char *const *extra)
@@ -233,53 +57,12 @@ static inline void daemon_start(const char *const *extra)
 /* SIGTERM; the exit status must be 0 and the log clean. */
 static inline void daemon_stop(void)
 {
-    int status = 0;
-    if (D.pid <= 0)
-        return;
-    if (!D.stopped) {
-        ck_assert_msg(kill(D.pid, SIGTERM) == 0, "kill: %s", strerror(errno));
-        if (!wait_exit(D.pid, STOP_TIMEOUT_MS, &status)) {
-            kill(D.pid, SIGKILL);
-            waitpid(D.pid, &status, 0);
-            D.stopped = 1;
-            ck_abort_msg("giftd did not exit within %d ms of SIGTERM; log %s:\n%s", STOP_TIMEOUT_MS,
-                         D.log_path, log_tail());
-        }
-        D.stopped = 1;
-        D.status = status;
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                      "giftd ended with %s %d after SIGTERM; log %s:\n%s",
-                      WIFEXITED(status) ? "exit status" : "signal",
-                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), D.log_path,
-                      log_tail());
-    }
-    log_check_clean();
+    daemon_stop_ms(STOP_TIMEOUT_MS);
 }
 
 static inline void daemon_teardown(void)
 {
-    daemon_stop();
-    if (D.out_fd >= 0)
-        close(D.out_fd);
-    D.out_fd = -1;
-    unlink(D.log_path); /* only reached when everything passed */
-    D.pid = -1;
-}
-
-/* Resident set size of the daemon in kB (VmRSS), or -1. */
-static inline long daemon_rss_kb(void)
-{
-    char path[64], line[256];
-    long kb = -1;
-    FILE *f;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)D.pid);
-    if ((f = fopen(path, "r")) == NULL)
-        return -1;
-    while (fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
+    daemon_teardown_ms(STOP_TIMEOUT_MS);
 }
 
 /* ------------------------------------------------------------------ */

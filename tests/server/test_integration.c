@@ -39,20 +39,14 @@
 #include "gift_error.h"
 #include "gift_proto.h"
 #include "gift_test_check.h"
+#include "gift_test_daemon.h"
 #include "gift_test_frames.h"
 #include "gift_test_rng.h"
 #include "gift_test_time.h"
 
-#ifndef GIFTD_BIN
-#error "compile with -DGIFTD_BIN=\"path of the giftd executable\""
-#endif
-
-#define IO_TIMEOUT_MS 5000     /* per socket operation */
-#define READY_TIMEOUT_MS 20000 /* giftd start (ASan builds are slow to start) */
-#define STOP_TIMEOUT_MS 10000  /* SIGTERM to exit */
+#define IO_TIMEOUT_MS 5000    /* per socket operation */
+#define STOP_TIMEOUT_MS 10000 /* SIGTERM to exit */
 #define LOG_WAIT_MS 5000
-
-extern char **environ;
 
 /* ------------------------------------------------------------------ */
 /* Randomness (splitmix64 and clocks: tests/common)                     */
@@ -67,43 +61,6 @@ static float rnd_unit(uint64_t *s)
 /* ------------------------------------------------------------------ */
 /* The daemon                                                            */
 /* ------------------------------------------------------------------ */
-
-typedef struct daemon {
-    pid_t pid;
-    int port, http_port;
-    int out_fd;         /* read end of its stdout */
-    int stopped;        /* reaped already */
-    char log_path[512]; /* its stderr */
-} daemon_t;
-
-static daemon_t D = {.pid = -1, .out_fd = -1};
-
-/* Reads the daemon's log (at most cap - 1 bytes from its end) into buf. */
-static size_t log_read(char *buf, size_t cap, int tail)
-{
-    FILE *f = fopen(D.log_path, "r");
-    size_t n = 0;
-    long size;
-    buf[0] = '\0';
-    if (f == NULL)
-        return 0;
-    if (tail && fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) > (long)(cap - 1))
-        fseek(f, size - (long)(cap - 1), SEEK_SET);
-    else
-        fseek(f, 0, SEEK_SET);
-    n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return n;
-}
-
-/* The last few lines of the daemon's log, for failure messages. */
-static const char *log_tail(void)
-{
-    static char buf[3072];
-    log_read(buf, sizeof buf, 1);
-    return buf;
-}
 
 /* For failures where the server went away: the end of its log, which says
  * why (a sanitizer report, a fatal error, a crash). */
@@ -121,20 +78,6 @@ static const char *closed_why(int rc)
     return buf;
 }
 
-/* Occurrences of needle in the daemon's whole log. */
-static int log_count(const char *needle)
-{
-    static char buf[4 << 20];
-    const char *p = buf;
-    int n = 0;
-    log_read(buf, sizeof buf, 0);
-    while ((p = strstr(p, needle)) != NULL) {
-        n++;
-        p += strlen(needle);
-    }
-    return n;
-}
-
 /* Waits until needle occurs at least `times` times in the log. */
 static int log_wait(const char *needle, int times, int timeout_ms)
 {
@@ -147,171 +90,25 @@ static int log_wait(const char *needle, int times, int timeout_ms)
     return log_count(needle) >= times;
 }
 
-/* Fails when the log holds a sanitizer report. */
-static void log_check_clean(void)
-{
-    static const char *const bad[] = {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
-                                      "runtime error", "AddressSanitizer:DEADLYSIGNAL"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        ck_assert_msg(log_count(bad[i]) == 0, "giftd log %s holds \"%s\":\n%s", D.log_path, bad[i],
-                      log_tail());
-}
-
-/* Waits up to timeout_ms for pid; returns 1 with *status when it exited. */
-static int wait_exit(pid_t pid, int timeout_ms, int *status)
-{
-    double end = now_ms() + timeout_ms;
-    for (;;) {
-        pid_t r = waitpid(pid, status, WNOHANG);
-        if (r == pid)
-            return 1;
-        if (r < 0 && errno != EINTR)
-            return 0;
-        if (now_ms() >= end)
-            return 0;
-        sleep_ms(5);
-    }
-}
-
-/* The child side of daemon_start: never returns. */
-static void daemon_exec(char *const argv[], int out_w, int log_fd, pid_t parent)
-{
-    char names[64][128];
-    int nn = 0;
-
-    /* Dies with the test process, whatever happens to it. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-        _exit(127);
-    if (dup2(out_w, STDOUT_FILENO) < 0 || dup2(log_fd, STDERR_FILENO) < 0)
-        _exit(127);
-    /* Only the flags configure it: no GIFTD_* from the caller's environment. */
-    for (char **e = environ; *e != NULL && nn < 64; e++) {
-        const char *eq = strchr(*e, '=');
-        if (strncmp(*e, "GIFTD_", 6) == 0 && eq != NULL && (size_t)(eq - *e) < sizeof names[0]) {
-            memcpy(names[nn], *e, (size_t)(eq - *e));
-            names[nn++][eq - *e] = '\0';
-        }
-    }
-    for (int i = 0; i < nn; i++)
-        unsetenv(names[i]);
-    execv(argv[0], argv);
-    _exit(127);
-}
-
-/* Starts giftd with the common flags plus extra (NULL-terminated) and reads
- * its ready line. */
+/* Starts giftd (gift_test_daemon.h) with the common flags, --log-level
+ * debug, and extra (NULL-terminated), and reads its ready line. */
 static void daemon_start(const char *const *extra)
 {
-    const char *tmp = getenv("TMPDIR");
-    char *argv[40];
-    int argc = 0, out[2], log_fd;
-    char line[256];
-    size_t len = 0;
-    double end;
-    pid_t parent = getpid();
-
-    memset(&D, 0, sizeof D);
-    D.pid = -1;
-    D.out_fd = -1;
-    snprintf(D.log_path, sizeof D.log_path, "%s/giftd-integ-XXXXXX",
-             tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
-    log_fd = mkstemp(D.log_path);
-    ck_assert_msg(log_fd >= 0, "mkstemp(%s): %s", D.log_path, strerror(errno));
-    ck_assert_msg(pipe2(out, O_CLOEXEC) == 0, "pipe2: %s", strerror(errno));
-
-    argv[argc++] = (char *)GIFTD_BIN;
-    argv[argc++] = (char *)"--bind";
-    argv[argc++] = (char *)"127.0.0.1";
-    argv[argc++] = (char *)"--port";
-    argv[argc++] = (char *)"0";
-    argv[argc++] = (char *)"--http-port";
-    argv[argc++] = (char *)"0";
-    argv[argc++] = (char *)"--log-level";
-    argv[argc++] = (char *)"debug";
-    for (; extra != NULL && *extra != NULL && argc < 39; extra++)
-        argv[argc++] = (char *)*extra;
-    argv[argc] = NULL;
-
-    D.pid = fork();
-    ck_assert_msg(D.pid >= 0, "fork: %s", strerror(errno));
-    if (D.pid == 0)
-        daemon_exec(argv, out[1], log_fd, parent);
-    close(out[1]);
-    close(log_fd);
-    D.out_fd = out[0];
-
-    /* "giftd ready port=P http_port=H\n" */
-    end = now_ms() + READY_TIMEOUT_MS;
-    while (memchr(line, '\n', len) == NULL) {
-        struct pollfd pfd = {.fd = D.out_fd, .events = POLLIN};
-        int left = (int)(end - now_ms());
-        ssize_t n;
-        ck_assert_msg(left > 0 && len < sizeof line - 1,
-                      "giftd printed no ready line within %d ms; log %s:\n%s", READY_TIMEOUT_MS,
-                      D.log_path, log_tail());
-        if (poll(&pfd, 1, left) <= 0)
-            continue;
-        n = read(D.out_fd, line + len, sizeof line - 1 - len);
-        ck_assert_msg(n > 0, "giftd closed stdout before its ready line; log %s:\n%s", D.log_path,
-                      log_tail());
-        len += (size_t)n;
-    }
-    line[len] = '\0';
-    ck_assert_msg(sscanf(line, "giftd ready port=%d http_port=%d", &D.port, &D.http_port) == 2 &&
-                      D.port > 0 && D.http_port > 0,
-                  "unexpected ready line \"%s\"", line);
-}
-
-/* SIGTERM, then waits for the drain: the exit status must be 0 within
- * timeout_ms and the log free of sanitizer reports. Returns the time it took. */
-static double daemon_stop(int timeout_ms)
-{
-    int status = 0;
-    double t0 = now_ms(), dt;
-    if (D.pid <= 0 || D.stopped)
-        return 0.0;
-    ck_assert_msg(kill(D.pid, SIGTERM) == 0, "kill: %s", strerror(errno));
-    if (!wait_exit(D.pid, timeout_ms, &status)) {
-        kill(D.pid, SIGKILL);
-        waitpid(D.pid, &status, 0);
-        D.stopped = 1;
-        ck_abort_msg("giftd did not exit within %d ms of SIGTERM; log %s:\n%s", timeout_ms,
-                     D.log_path, log_tail());
-    }
-    dt = now_ms() - t0;
-    D.stopped = 1;
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                  "giftd ended with %s %d after SIGTERM; log %s:\n%s",
-                  WIFEXITED(status) ? "exit status" : "signal",
-                  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), D.log_path,
-                  log_tail());
-    log_check_clean();
-    return dt;
+    static const char *const flags[] = {"--log-level", "debug", NULL};
+    static const daemon_opts_t opts = {
+        .log_prefix = "giftd-integ-", .flags = flags, .need_http_port = 1};
+    daemon_start_opts(&opts, extra, 1);
 }
 
 static void daemon_teardown(void)
 {
-    daemon_stop(STOP_TIMEOUT_MS);
-    if (D.out_fd >= 0)
-        close(D.out_fd);
-    D.out_fd = -1;
-    unlink(D.log_path); /* only reached when everything passed */
+    daemon_teardown_ms(STOP_TIMEOUT_MS);
 }
 
-/* Resident set size of the daemon in bytes. */
+/* Resident set size of the daemon in bytes, or -1. */
 static long daemon_rss(void)
 {
-    char path[64], line[256];
-    long kb = -1;
-    FILE *f;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)D.pid);
-    if ((f = fopen(path, "r")) == NULL)
-        return -1;
-    while (fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
+    long kb = daemon_rss_kb();
     return kb < 0 ? -1 : kb * 1024;
 }
 
@@ -2070,7 +1867,7 @@ START_TEST(test_sigterm_with_clients)
     send_raw(&h, pre, 10); /* part of a preamble */
     wait_connections(&a, 3);
 
-    dt = daemon_stop(5000);
+    dt = daemon_stop_ms(5000);
     fprintf(stderr, "test_sigterm_with_clients: exit 0 after %.0f ms\n", dt);
     ck_assert_msg(log_count("draining: 3 connections") == 1, "no drain of 3 connections; log:\n%s",
                   log_tail());
