@@ -54,6 +54,8 @@ typedef struct fid_opts {
     int ngrad;
     const char *cov[FID_MAX_WORKERS];
     int ncov;
+    const char *scov[FID_MAX_WORKERS]; /* --sketch-cov: the geometry's covariances */
+    int nscov;
     int same_batch;       /* synthetic: sketch the step's own batch instead of fresh ones */
     double decay;         /* synthetic: s_i proportional to i^-decay */
     double outlier_scale; /* synthetic: multiplies the outliers' 20..50x variance */
@@ -127,7 +129,8 @@ void bench_fidelity_usage(FILE *f)
 {
     fprintf(f,
             "usage: gift-bench fidelity [--rows R] [--cols C] [--workers W] [--tokens N]\n"
-            "                           [--grad FILE]... [--cov FILE]... [--seed S] [--refresh N]\n"
+            "                           [--grad FILE]... [--cov FILE]... [--sketch-cov FILE]...\n"
+            "                           [--seed S] [--refresh N]\n"
             "                           [--block B] [--sketch-batch fresh|same] [--decay A]\n"
             "                           [--outliers N] [--outlier-scale X] [--json FILE]\n"
             "\n"
@@ -157,6 +160,10 @@ void bench_fidelity_usage(FILE *f)
             "                C x C f32. Sketches are A_w Q; the metric uses the mean A_w.\n"
             "                Without --cov the sketches are G_w^T G_w Q / R and the\n"
             "                whitened metric uses the mean G_w^T G_w / R (a proxy).\n"
+            "  --sketch-cov FILE  optional, once per worker with --cov: the covariance the\n"
+            "                geometry is sketched from (C x C f32), e.g. from an earlier\n"
+            "                step, as in training where the geometry lags the step it\n"
+            "                is used at; --cov then serves the whitened metric only.\n"
             "  no files      a synthetic layer, a stand-in for a transformer MLP layer that\n"
             "                is not tuned for GIFT: per worker N tokens of inputs\n"
             "                X = Z diag(sqrt(s)) V^T with one shared random orthogonal V,\n"
@@ -244,9 +251,10 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
             if (bench_parse_u64(a, v, &o->seed) < 0)
                 return -1;
             i++;
-        } else if (strcmp(a, "--grad") == 0 || strcmp(a, "--cov") == 0) {
-            int is_grad = a[2] == 'g';
-            int *cnt = is_grad ? &o->ngrad : &o->ncov;
+        } else if (strcmp(a, "--grad") == 0 || strcmp(a, "--cov") == 0 ||
+                   strcmp(a, "--sketch-cov") == 0) {
+            int is_grad = a[2] == 'g', is_scov = a[2] == 's';
+            int *cnt = is_grad ? &o->ngrad : is_scov ? &o->nscov : &o->ncov;
 
             if (v == NULL) {
                 fprintf(stderr, "gift-bench: %s needs a file name\n", a);
@@ -256,7 +264,7 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
                 fprintf(stderr, "gift-bench: at most %d %s files\n", FID_MAX_WORKERS, a);
                 return -1;
             }
-            (is_grad ? o->grad : o->cov)[(*cnt)++] = v;
+            (is_grad ? o->grad : is_scov ? o->scov : o->cov)[(*cnt)++] = v;
             i++;
         } else if (strcmp(a, "--decay") == 0) {
             if (bench_parse_double(a, v, 0.0, 4.0, &o->decay) < 0)
@@ -291,6 +299,12 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
             fprintf(stderr, "gift-bench fidelity: unknown option '%s' (see --help)\n", a);
             return -1;
         }
+    }
+    if (o->nscov > 0 && o->nscov != o->ncov) {
+        fprintf(stderr,
+                "gift-bench: %d --sketch-cov files for %d --cov files; give one per worker\n",
+                o->nscov, o->ncov);
+        return 2;
     }
     if (o->ncov > 0 && o->ngrad == 0) {
         fprintf(stderr, "gift-bench: --cov needs --grad (one of each per worker)\n");
@@ -676,6 +690,11 @@ static int load_step(fid_state_t *st)
                 for (size_t i = 0; i < din * din; i++)
                     st->A[i] += Aw[i] / (float)st->W;
             }
+            /* The geometry's own covariances, when they differ from the metric's. */
+            for (int w = 0; w < st->o.nscov; w++)
+                if (read_f32_file(st->o.scov[w], "--sketch-cov", shape, din * din,
+                                  st->Aw + (size_t)w * din * din) < 0)
+                    return -1;
         } else {
             /* Proxy geometry for the metric: the mean G_w^T G_w / rows. */
             for (int w = 0; w < st->W; w++)
@@ -980,6 +999,10 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
         for (int i = 0; i < o->ncov; i++)
             bench_json_str(&j, NULL, o->cov[i]);
         bench_json_arr_end(&j);
+        bench_json_arr(&j, "sketch_cov_files");
+        for (int i = 0; i < o->nscov; i++)
+            bench_json_str(&j, NULL, o->scov[i]);
+        bench_json_arr_end(&j);
     }
     bench_json_arr(&j, "geometries");
     for (int i = 0; i < st->ngeo; i++) {
@@ -1132,10 +1155,11 @@ int bench_fidelity_main(int argc, char **argv)
                50.0 * st->o.outlier_scale, FID_STUDENT_NU,
                st->o.same_batch ? "the step's own" : "fresh");
     } else {
-        printf("- data: %d --grad files%s\n", st->W,
+        printf("- data: %d --grad files%s%s\n", st->W,
                st->have_cov ? " with --cov covariances"
                             : "; no --cov: sketches and the whitened metric use the mean "
-                              "G_w^T G_w / rows as the geometry (a proxy)");
+                              "G_w^T G_w / rows as the geometry (a proxy)",
+               st->o.nscov > 0 ? "; the geometry is sketched from the --sketch-cov ones" : "");
     }
     printf("\n| format | transform | RelL2 | cosine | whitened | vs e4m3 | muon | hits |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|\n");

@@ -44,3 +44,20 @@ done
 echo "== gift-bench cluster (2 shards on $servers, 2 workers)"
 build/bench/gift-bench cluster --servers "$servers" --workers 2 --list llama \
   --json bench/out/cluster.json
+
+# The PyTorch integration: a short training run of examples/train_llama.py
+# (a small byte-level Llama, 2 workers, through a fresh 2-shard cluster per
+# run) for each wire format, then the comparison table. A minute or three on
+# two cores; bench/convergence.sh with its defaults is the full benchmark.
+cleanup
+pids=()
+if /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
+  cmake --build build -j "${GIFT_JOBS:-2}" --target giftclient gift-bench giftd
+  echo
+  echo "== training through giftd (bench/convergence.sh, short run)"
+  bench/convergence.sh --steps 150 --seeds 1 --comms "f32 bf16 fp8 fp8-gift nvfp4 nvfp4-gift" \
+    --no-fidelity --out bench/out/convergence-demo -- \
+    --dim 64 --seq 64 --batch 8 --warmup 15 --refresh 10 --val-every 25 --val-batches 4 --quiet
+else
+  echo "== training through giftd: skipped (/usr/bin/python3 has no torch; scripts/deps.sh installs it)"
+fi

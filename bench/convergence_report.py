@@ -1,0 +1,297 @@
+#!/usr/bin/python3
+"""
+bench/convergence_report.py: the tables and the plot of bench/convergence.sh.
+
+  convergence_report.py report --out DIR
+      reads DIR/runs/<comm>-s<seed>/{log.csv,summary.json}; writes
+      DIR/convergence.png (train loss, smoothed, and validation loss per
+      comm, mean over seeds), DIR/convergence.md and DIR/convergence.json,
+      and prints the markdown table (plus DIR/fidelity/fidelity.md if present).
+
+  convergence_report.py fidelity --dump DIR --bench GIFT_BENCH --out DIR
+      runs `gift-bench fidelity` on every dumped (step, layer): the workers'
+      local gradients (--grad) and input covariances (--cov); the geometry is
+      sketched from the covariances of the previous dumped step when there is
+      one at most --max-lag steps earlier (--sketch-cov), as in training where the
+      geometry lags the step it is used at; else from the step's own covariances
+      ("same": optimistic, and the whitened metric then uses the very matrix the
+      geometry was built from).
+      Writes one JSON per (step, layer) and fidelity.md.
+"""
+import argparse
+import csv
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+ORDER = ["f32", "bf16", "fp8", "fp8-gift", "nvfp4", "nvfp4-gift"]
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] + xs[(n - 1) // 2]) / 2 if xs else float("nan")
+
+
+def _std(xs):
+    if len(xs) < 2:
+        return float("nan")
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def load_runs(out):
+    runs = {}
+    for d in sorted(glob.glob(os.path.join(out, "runs", "*-s*"))):
+        sp = os.path.join(d, "summary.json")
+        if not os.path.exists(sp):
+            continue
+        s = json.load(open(sp))
+        rows = list(csv.DictReader(open(os.path.join(d, "log.csv"))))
+        s["log"] = rows
+        runs.setdefault(s["comm"], {})[s["seed"]] = s
+    return runs
+
+
+def report(args):
+    runs = load_runs(args.out)
+    if not runs:
+        sys.exit(f"convergence_report: no runs under {args.out}/runs")
+    comms = [c for c in ORDER if c in runs] + sorted(c for c in runs if c not in ORDER)
+    base = runs.get("f32", {})
+    base_mean = _mean([r["final_val_loss"] for r in base.values()]) if base else None
+    base_wire = _mean([r["wire_bytes_per_step"] for r in base.values()]) if base else None
+    any_run = next(iter(next(iter(runs.values())).values()))
+    a = any_run["args"]
+    table, result = [], {"config": {k: a[k] for k in ("steps", "dim", "layers", "heads", "seq",
+                                                      "batch", "optim", "refresh", "gift_min")},
+                         "world": any_run["world"], "params": any_run["params"], "comms": {}}
+    spread_f32 = _std([r["final_val_loss"] for r in base.values()]) if base else float("nan")
+    hdr = ("| comm | seeds | final val loss (mean ± sd) | gap to f32 | paired Δ vs f32 per seed | "
+           "wire MB/step/worker, mean | median | f32 / this (mean) | steps/s |")
+    table.append(hdr)
+    table.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    notes = []
+    for c in comms:
+        rs = runs[c]
+        vl = [rs[s]["final_val_loss"] for s in sorted(rs)]
+        m, sd = _mean(vl), _std(vl)
+        wire = _mean([r["wire_bytes_per_step"] for r in rs.values()])
+        med = _mean([_median([float(x["wire_bytes"]) for x in r["log"][1:]]) for r in rs.values()])
+        sps = _mean([r["steps_per_s"] for r in rs.values()])
+        gap = 100.0 * (m - base_mean) / base_mean if base_mean else float("nan")
+        paired = [rs[s]["final_val_loss"] - base[s]["final_val_loss"] for s in sorted(rs)
+                  if s in base]
+        ptxt = "–" if c == "f32" or not paired else \
+            ", ".join(f"{p:+.4f}" for p in paired)
+        sdtxt = f" ± {sd:.4f}" if not math.isnan(sd) else ""
+        table.append(f"| {c} | {len(vl)} | {m:.4f}{sdtxt} | "
+                     f"{'–' if c == 'f32' else f'{gap:+.2f}%'} | {ptxt} | "
+                     f"{wire / 1e6:.3f} | {med / 1e6:.3f} | "
+                     f"{'–' if not base_wire or c == 'f32' else f'1/{base_wire / wire:.1f}'} | "
+                     f"{sps:.2f} |")
+        noise = max(x for x in (sd, spread_f32) if not math.isnan(x)) \
+            if not (math.isnan(sd) and math.isnan(spread_f32)) else float("nan")
+        if c != "f32" and base_mean is not None:
+            if math.isnan(noise):
+                verdict = "one seed: no spread to compare with"
+            elif abs(m - base_mean) <= noise:
+                verdict = f"within the seed spread (|Δ| {abs(m - base_mean):.4f} <= sd {noise:.4f})"
+            else:
+                verdict = (f"{'worse' if m > base_mean else 'better'} than f32 by more than the "
+                           f"seed spread (|Δ| {abs(m - base_mean):.4f} > sd {noise:.4f})")
+            notes.append(f"- {c}: {verdict}")
+        result["comms"][c] = {"seeds": sorted(rs), "final_val_loss": vl, "mean": m, "sd": sd,
+                              "gap_to_f32_pct": gap, "paired_delta": paired,
+                              "wire_bytes_per_step": wire, "wire_bytes_median": med,
+                              "steps_per_s": sps,
+                              "epochs_switched": [r["epochs_switched"] for r in rs.values()]}
+    cfg = result["config"]
+    head = (f"{result['params'] / 1e6:.2f}M-parameter byte-level Llama (dim {cfg['dim']}, "
+            f"{cfg['layers']} layers, {cfg['heads']} heads, seq {cfg['seq']}, batch "
+            f"{cfg['batch']}/worker), {result['world']} workers, optimiser {cfg['optim']}, "
+            f"{cfg['steps']} steps, GIFT refresh {cfg['refresh']}. Final val loss: after the "
+            f"last step; sd: sample standard deviation over seeds; paired Δ: this comm's final "
+            f"val loss minus f32's with the same seed (same init and data). Wire bytes: "
+            f"this worker's push + pull bytes on the wire, headers included; the mean includes "
+            f"the refresh steps' sketches and geometry epochs, the median is a typical step.")
+    md = [head, "", *table, "", *notes]
+    fid = os.path.join(args.out, "fidelity", "fidelity.md")
+    text = "\n".join(md) + "\n"
+    with open(os.path.join(args.out, "convergence.md"), "w") as fh:
+        fh.write(text)
+    with open(os.path.join(args.out, "convergence.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    print(text)
+    if os.path.exists(fid):
+        print(open(fid).read())
+    plot(runs, comms, os.path.join(args.out, "convergence.png"), head)
+
+
+def plot(runs, comms, path, title):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("convergence_report: no matplotlib; no plot", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
+    for c in comms:
+        rs = runs[c]
+        logs = [rs[s]["log"] for s in sorted(rs)]
+        n = min(len(lg) for lg in logs)
+        steps = [int(logs[0][i]["step"]) for i in range(n)]
+        tl = [_mean([float(lg[i]["train_loss"]) for lg in logs]) for i in range(n)]
+        ema, sm = None, []
+        for v in tl:
+            ema = v if ema is None else 0.9 * ema + 0.1 * v
+            sm.append(ema)
+        ax[0].plot(steps, sm, label=c, lw=1.2)
+        vs = [(int(logs[0][i]["step"]), _mean([float(lg[i]["val_loss"]) for lg in logs]))
+              for i in range(n) if logs[0][i]["val_loss"]]
+        ax[1].plot([s for s, _ in vs], [v for _, v in vs], marker="o", ms=3, label=c, lw=1.2)
+    ax[0].set_title("train loss (EMA 0.9, mean over seeds)")
+    ax[1].set_title("validation loss (mean over seeds)")
+    for a in ax:
+        a.set_xlabel("step")
+        a.grid(alpha=0.3)
+        a.legend()
+    lo = min(min(float(r["val_loss"]) for r in s["log"] if r["val_loss"])
+             for rs in runs.values() for s in rs.values())
+    ax[1].set_ylim(lo - 0.05, lo + 1.0)
+    ax[0].set_ylim(lo - 0.1, lo + 1.5)
+    import textwrap
+    fig.suptitle("\n".join(textwrap.wrap(title.split(" Final val")[0], 160)), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def fidelity(args):
+    os.makedirs(args.out, exist_ok=True)
+    steps = sorted(int(os.path.basename(d)[4:]) for d in glob.glob(os.path.join(args.dump,
+                                                                                "step*")))
+    lines, summary = [], []
+    prev = None
+    for s in steps:
+        d = os.path.join(args.dump, f"step{s}")
+        shapes = json.load(open(os.path.join(d, "shapes.json")))
+        for layer in sorted({k.rsplit(".", 1)[0] for k in shapes}):
+            rows, cols = shapes[layer + ".grad"]
+            grads = sorted(glob.glob(os.path.join(d, f"{layer}.grad.rank*.f32")))
+            covs = sorted(glob.glob(os.path.join(d, f"{layer}.cov.rank*.f32")))
+            cmd = [args.bench, "fidelity", "--rows", str(rows), "--cols", str(cols)]
+            for g in grads:
+                cmd += ["--grad", g]
+            for c in covs:
+                cmd += ["--cov", c]
+            sk = None
+            if prev is not None and s - prev <= args.max_lag:
+                pcovs = sorted(glob.glob(os.path.join(args.dump, f"step{prev}",
+                                                      f"{layer}.cov.rank*.f32")))
+                if len(pcovs) == len(covs):
+                    sk = prev
+                    for c in pcovs:
+                        cmd += ["--sketch-cov", c]
+            js = os.path.join(args.out, f"step{s}-{layer}.json")
+            cmd += ["--json", js]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(r.stdout, r.stderr, file=sys.stderr)
+                sys.exit(f"convergence_report: {' '.join(cmd)} failed")
+            with open(js.replace(".json", ".txt"), "w") as fh:
+                fh.write(" ".join(cmd) + "\n\n" + r.stdout)
+            summary.append(summarise(json.load(open(js)), s, layer, sk, rows, cols))
+        prev = s
+    md = fidelity_md(summary)
+    with open(os.path.join(args.out, "fidelity.md"), "w") as fh:
+        fh.write(md)
+    with open(os.path.join(args.out, "fidelity-summary.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+    print(md)
+
+
+def summarise(j, step, layer, sketch_step, nrows, ncols):
+    rows = j["rows"]  # the JSON's last "rows" key: the result rows
+
+    def pick(fmt, transform, pred=lambda r: True):
+        return [r for r in rows if r["format"] == fmt and r["transform"] == transform and pred(r)]
+
+    e8 = pick("fp8-e4m3", "euclidean")[0]
+    e4 = pick("nvfp4", "euclidean")[0]
+    g8 = pick("fp8-e4m3", "gift", lambda r: r.get("k_default"))[0]
+    g4d = pick("nvfp4", "gift", lambda r: r.get("k_default"))[0]
+    curve = sorted(((r["k"], r["whitened"] / e8["whitened"], r["muon"] / e8["muon"])
+                    for r in pick("nvfp4", "gift")), key=lambda t: t[0])
+    first = next((k for k, w, _ in curve if w < 1.0), None)
+    curve8 = sorted(((r["k"], r["whitened"] / e8["whitened"], r["muon"] / e8["muon"])
+                     for r in pick("fp8-e4m3", "gift")), key=lambda t: t[0])
+    return {"step": step, "layer": layer, "shape": [nrows, ncols],
+            "k_default": j["k_default"], "sketch_step": sketch_step,
+            "e8_whitened": e8["whitened"], "e8_muon": e8["muon"],
+            "g8_whitened_ratio": g8["whitened"] / e8["whitened"],
+            "g8_muon_ratio": g8["muon"] / e8["muon"],
+            "g8_rel_l2_ratio": g8["rel_l2"] / e8["rel_l2"],
+            "e4_whitened_ratio": e4["whitened"] / e8["whitened"],
+            "e4_muon_ratio": e4["muon"] / e8["muon"],
+            "g4_default_whitened_ratio": g4d["whitened"] / e8["whitened"],
+            "nvfp4_curve": curve, "nvfp4_first_k_below_e8": first, "fp8_curve": curve8}
+
+
+def fidelity_md(summary):
+    out = ["Real gradients (local gradients of both workers, their input covariances; "
+           "ratios are against Euclidean fp8-e4m3 on the same data; geometry sketched from the "
+           "covariances of the step named in 'sketched at', at the default rank k unless "
+           "stated):", "",
+           "| layer | step | sketched at | k | GIFT fp8 muon | GIFT fp8 whitened | GIFT fp8 RelL2 | "
+           "Eucl. nvfp4 whitened | Eucl. nvfp4 muon | GIFT nvfp4 whitened (k) | "
+           "nvfp4 < fp8 from k |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in summary:
+        out.append(
+            f"| {s['layer']} {s['shape'][0]}x{s['shape'][1]} | {s['step']} | {s['sketch_step'] if s['sketch_step'] is not None else 'same'}"
+            f" | {s['k_default']} | {s['g8_muon_ratio']:.2f}x | {s['g8_whitened_ratio']:.2f}x | "
+            f"{s['g8_rel_l2_ratio']:.2f}x | {s['e4_whitened_ratio']:.2f}x | "
+            f"{s['e4_muon_ratio']:.2f}x | {s['g4_default_whitened_ratio']:.2f}x | "
+            f"{s['nvfp4_first_k_below_e8'] if s['nvfp4_first_k_below_e8'] else 'never'} |")
+    for key, what, idx in (("nvfp4_curve", "GIFT nvfp4 whitened error", 1),
+                           ("nvfp4_curve", "GIFT nvfp4 Muon-update error", 2),
+                           ("fp8_curve", "GIFT fp8 whitened error", 1),
+                           ("fp8_curve", "GIFT fp8 Muon-update error", 2)):
+        out += ["", f"{what} / Euclidean fp8's, by rank k:", ""]
+        ks = sorted({t[0] for s in summary for t in s[key]})
+        out.append("| layer | step | sketched at | " + " | ".join(f"k={k}" for k in ks) + " |")
+        out.append("|---|---:|---:|" + "---:|" * len(ks))
+        for s in summary:
+            cur = {t[0]: t[idx] for t in s[key]}
+            sk = s["sketch_step"] if s["sketch_step"] is not None else "same"
+            out.append(f"| {s['layer']} | {s['step']} | {sk} | " +
+                       " | ".join(f"{cur[k]:.2f}" if k in cur else "" for k in ks) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("report")
+    r.add_argument("--out", required=True)
+    f = sub.add_parser("fidelity")
+    f.add_argument("--dump", required=True)
+    f.add_argument("--bench", required=True)
+    f.add_argument("--out", required=True)
+    f.add_argument("--max-lag", type=int, default=25,
+                   help="sketch from the previous dumped step only when it is at most this "
+                        "many steps earlier (else from the step's own covariance)")
+    args = p.parse_args()
+    (report if args.cmd == "report" else fidelity)(args)
+
+
+if __name__ == "__main__":
+    main()

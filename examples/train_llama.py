@@ -1,0 +1,389 @@
+#!/usr/bin/python3
+"""
+train_llama.py: train a small byte-level Llama through giftd.
+
+A Llama-style decoder (RMSNorm, rotary position embeddings, SwiGLU MLP,
+causal multi-head attention; no biases) over bytes, trained on text every
+Debian machine has: /usr/lib/python3.11/*.py and /usr/share/common-licenses/*
+(every tenth file, in sorted order, is held out for validation). Each
+worker samples windows from its own contiguous shard of the training bytes.
+
+Optimiser: Muon (momentum + Newton-Schulz orthogonalisation) for the 2-D
+weights of the transformer blocks, AdamW for embeddings, the output head and
+the norms; `--optim adamw` uses AdamW for all. Linear warm-up, then cosine
+decay to a tenth of the peak.
+
+Gradients are averaged through a giftd cluster by gift.torch's DDP
+communication hook (DDP itself runs on a gloo process group, which it only
+uses to broadcast the initial weights): --comm picks the wire format,
+f32 | bf16 | fp8 | fp8-gift | nvfp4 | nvfp4-gift ("-gift": the GIFT geometry on
+every nn.Linear weight with at least 64 inputs and --gift-min elements; all
+other tensors Euclidean, in the same format).
+
+Run with torchrun or with the variables it sets (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT) and GIFT_SERVERS naming the cluster, e.g.:
+
+    build/server/giftd --port 7070 --http-port -1 --world-size 2 &
+    export GIFT_SERVERS=127.0.0.1:7070 PYTHONPATH=python
+    torchrun --nproc_per_node 2 examples/train_llama.py --comm fp8-gift --steps 300
+
+Rank 0 prints progress and, with --out DIR, writes DIR/log.csv (per step:
+train loss averaged over the workers, validation loss every --val-every
+steps, wire bytes of this worker, step time) and DIR/summary.json. --dump
+writes, at --dump-steps, each worker's local gradient and the input
+covariance X^T X / n of two layers as raw float32 files for
+`gift-bench fidelity --grad ... --cov ...`.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import gift.torch  # noqa: E402
+
+
+# --------------------------------------------------------------------- model
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(seq, hd, base=10000.0):
+    inv = 1.0 / base ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+    ang = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x, cos, sin):
+    # x: B, H, T, hd; rotate pairs (even, odd)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads, ffn):
+        super().__init__()
+        self.heads = heads
+        self.attn_norm = RMSNorm(dim)
+        self.wqkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.mlp_norm = RMSNorm(dim)
+        self.w13 = nn.Linear(dim, 2 * ffn, bias=False)  # gate and up, fused
+        self.w2 = nn.Linear(ffn, dim, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        B, T, D = x.shape
+        hd = D // self.heads
+        q, k, v = self.wqkv(self.attn_norm(x)).split(D, dim=-1)
+        q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in (q, k, v))
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        att = att.masked_fill(mask, float("-inf")).softmax(-1)
+        x = x + self.wo((att @ v).transpose(1, 2).reshape(B, T, D))
+        g, u = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.w2(F.silu(g) * u)
+
+
+class Llama(nn.Module):
+    def __init__(self, dim=128, layers=4, heads=4, ffn=None, seq=128, vocab=256):
+        super().__init__()
+        ffn = ffn or 32 * round(8 * dim / 3 / 32)
+        self.tok = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads, ffn) for _ in range(layers))
+        self.norm = RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        # Constants, not buffers: DDP need not broadcast them.
+        self.cos, self.sin = rope_tables(seq, dim // heads)
+        self.mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("wo.weight", "w2.weight")) \
+                    else 0.02
+                nn.init.normal_(p, std=std)
+
+    def forward(self, idx):
+        T = idx.shape[1]
+        x = self.tok(idx)
+        cos, sin, mask = self.cos[:T], self.sin[:T], self.mask[:T, :T]
+        for b in self.blocks:
+            x = b(x, cos, sin, mask)
+        return self.head(self.norm(x))
+
+
+# ----------------------------------------------------------------- optimiser
+
+def newton_schulz5(G, steps=5, eps=1e-7):
+    """The orthogonal factor of G, approximately (Muon's quintic iteration)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    X = G / (G.norm() + eps)
+    tall = X.shape[0] > X.shape[1]
+    if tall:
+        X = X.T
+    for _ in range(steps):
+        A = X @ X.T
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.T if tall else X
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon: SGD-momentum (Nesterov) whose update is orthogonalised by
+    Newton-Schulz, scaled by sqrt(max(1, rows/cols))."""
+
+    def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for grp in self.param_groups:
+            for p in grp["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                buf = st.setdefault("m", torch.zeros_like(p))
+                buf.mul_(grp["momentum"]).add_(p.grad)
+                g = p.grad.add(buf, alpha=grp["momentum"])
+                u = newton_schulz5(g.reshape(g.shape[0], -1)).view_as(p)
+                if grp["weight_decay"]:
+                    p.mul_(1 - grp["lr"] * grp["weight_decay"])
+                p.add_(u, alpha=-grp["lr"] * max(1.0, p.shape[0] / p[0].numel()) ** 0.5)
+
+
+def make_optimizers(model, args):
+    muon, adam = [], []
+    for name, p in model.named_parameters():
+        if args.optim == "muon" and p.dim() == 2 and name.startswith("blocks."):
+            muon.append(p)
+        else:
+            adam.append(p)
+    opts = [torch.optim.AdamW(adam, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.wd)]
+    if muon:
+        opts.append(Muon(muon, lr=args.muon_lr))
+    for o in opts:
+        for g in o.param_groups:
+            g["peak_lr"] = g["lr"]
+    return opts
+
+
+def lr_factor(step, args):
+    if step < args.warmup:
+        return (step + 1) / args.warmup
+    t = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+# ---------------------------------------------------------------------- data
+
+def load_corpus():
+    files = sorted(glob.glob("/usr/lib/python3.11/*.py")) + \
+        sorted(glob.glob("/usr/share/common-licenses/*"))
+    train, val = bytearray(), bytearray()
+    for i, f in enumerate(files):
+        if not os.path.isfile(f):
+            continue
+        with open(f, "rb") as fh:
+            (val if i % 10 == 9 else train).extend(fh.read())
+    if not train or not val:
+        sys.exit("train_llama: no corpus under /usr/lib/python3.11 or /usr/share/common-licenses")
+    return (torch.frombuffer(train, dtype=torch.uint8).long(),
+            torch.frombuffer(val, dtype=torch.uint8).long())
+
+
+def batch(data, starts, seq):
+    idx = starts[:, None] + torch.arange(seq + 1)
+    w = data[idx]
+    return w[:, :-1], w[:, 1:]
+
+
+# ---------------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--comm", default="f32", choices=list(gift.torch.COMMS))
+    p.add_argument("--optim", default="muon", choices=["muon", "adamw"])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
+    p.add_argument("--muon-lr", type=float, default=0.02, help="Muon peak learning rate")
+    p.add_argument("--wd", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--batch", type=int, default=16, help="sequences per worker per step")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seed", type=int, default=1, help="model init and data order")
+    p.add_argument("--val-every", type=int, default=25)
+    p.add_argument("--val-batches", type=int, default=8, help="validation batches (all ranks)")
+    p.add_argument("--refresh", type=int, default=20, help="GIFT sketch interval in steps")
+    p.add_argument("--gift-rank", type=int, default=0, help="GIFT rank k; 0: default policy")
+    p.add_argument("--gift-min", type=int, default=4096,
+                   help="GIFT only on nn.Linear weights of at least this many elements")
+    p.add_argument("--no-ef", action="store_true", help="no error feedback on fp8/nvfp4 pushes")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--out", help="folder for log.csv and summary.json (rank 0)")
+    p.add_argument("--dump", help="folder for gradient/covariance dumps")
+    p.add_argument("--dump-steps", default="", help="comma-separated steps to dump at")
+    p.add_argument("--dump-layers", default="blocks.1.w2,blocks.1.wo",
+                   help="nn.Linear modules whose weight gradient and inputs are dumped")
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    log = (lambda *a: print(*a, flush=True)) if rank == 0 and not args.quiet else \
+        (lambda *a: None)
+
+    train, val = load_corpus()
+    torch.manual_seed(args.seed)
+    model = Llama(args.dim, args.layers, args.heads, seq=args.seq)
+    nparams = sum(p.numel() for p in model.parameters())
+
+    policy = gift.torch.Policy.from_comm(args.comm, refresh=args.refresh, rank=args.gift_rank,
+                                         min_numel=args.gift_min,
+                                         error_feedback=False if args.no_ef else None)
+    state = gift.torch.GiftState(model, policy=policy, seed=args.seed)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(state, gift.torch.comm_hook)
+    opts = make_optimizers(model, args)
+    log(f"train_llama: {nparams / 1e6:.2f}M parameters, {world} workers, comm {args.comm}, "
+        f"optim {args.optim}, {len(train) / 1e6:.1f} MB train / {len(val) / 1e6:.2f} MB val, "
+        f"libgiftclient {gift.version()}")
+    log(state.describe() if not args.quiet else "")
+
+    # This worker's shard of the training bytes, and its own sampler.
+    shard = len(train) // world
+    lo = rank * shard
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    # Validation: fixed windows (the same for every seed), split over the ranks.
+    vgen = torch.Generator().manual_seed(12345)
+    vstarts = torch.randint(0, len(val) - args.seq - 1, (args.val_batches * args.batch,),
+                            generator=vgen)[rank::world]
+
+    dump_steps = {int(s) for s in args.dump_steps.split(",") if s}
+    dump_layers = [s for s in args.dump_layers.split(",") if s] if args.dump else []
+    captured = {}
+    if dump_layers:
+        mods = dict(model.named_modules())
+
+        def cov_hook(name):
+            def hook(mod, inputs, output):
+                if state.step in dump_steps and mod.training:
+                    X = inputs[0].detach().reshape(-1, mod.in_features).double()
+                    captured[name + ".cov"] = (X.T @ X / X.shape[0]).float()
+            return hook
+
+        for n in dump_layers:
+            mods[n].register_forward_hook(cov_hook(n))
+
+        def tap(name, g, step):
+            if step in dump_steps and name[: -len(".weight")] in dump_layers:
+                captured[name[: -len(".weight")] + ".grad"] = g.detach().clone()
+        state.grad_tap = tap
+
+    @torch.no_grad()
+    def evaluate():
+        model.eval()
+        tot = torch.zeros(2)
+        for i in range(0, len(vstarts), args.batch):
+            x, y = batch(val, vstarts[i:i + args.batch], args.seq)
+            tot[0] += F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum")
+            tot[1] += y.numel()
+        dist.all_reduce(tot)
+        model.train()
+        return (tot[0] / tot[1]).item()
+
+    rows, t_start = [], time.perf_counter()
+    csv = None
+    if args.out and rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        csv = open(os.path.join(args.out, "log.csv"), "w", buffering=1)  # line-buffered
+        csv.write("step,train_loss,val_loss,wire_bytes,step_s,lr_factor\n")
+    val_loss = None
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        b0 = state.wire_bytes()
+        f = lr_factor(step, args)
+        for o in opts:
+            for g in o.param_groups:
+                g["lr"] = g["peak_lr"] * f
+        starts = lo + torch.randint(0, shard - args.seq - 1, (args.batch,), generator=gen)
+        x, y = batch(train, starts, args.seq)
+        loss = F.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
+        for o in opts:
+            o.zero_grad(set_to_none=True)
+        loss.backward()
+        for o in opts:
+            o.step()
+        wire = state.wire_bytes() - b0
+        if captured and step in dump_steps:
+            d = os.path.join(args.dump, f"step{step}")
+            os.makedirs(d, exist_ok=True)
+            meta = {}
+            for k, v in sorted(captured.items()):
+                v.contiguous().numpy().tofile(os.path.join(d, f"{k}.rank{rank}.f32"))
+                meta[k] = list(v.shape)
+            if rank == 0:
+                with open(os.path.join(d, "shapes.json"), "w") as fh:
+                    json.dump(meta, fh)
+            captured.clear()
+        lt = loss.detach().clone()
+        dist.all_reduce(lt)
+        train_loss = lt.item() / world
+        dt = time.perf_counter() - t0
+        vl = None
+        if (step + 1) % args.val_every == 0 or step + 1 == args.steps:
+            vl = val_loss = evaluate()
+            log(f"step {step + 1:5d}  train {train_loss:.4f}  val {vl:.4f}  "
+                f"wire {wire / 1e6:.2f} MB/step  {dt * 1e3:.0f} ms/step")
+        if not math.isfinite(train_loss):
+            sys.exit(f"train_llama: loss is {train_loss} at step {step}")
+        rows.append((train_loss, wire, dt))
+        if csv:
+            csv.write(f"{step + 1},{train_loss:.6f},{'' if vl is None else f'{vl:.6f}'},"
+                      f"{wire},{dt:.4f},{f:.4f}\n")
+    elapsed = time.perf_counter() - t_start
+    stats = state.stats()
+    summary = {
+        "comm": args.comm, "optim": args.optim, "seed": args.seed, "steps": args.steps,
+        "world": world, "params": nparams, "final_val_loss": val_loss,
+        "final_train_loss": sum(r[0] for r in rows[-10:]) / min(10, len(rows)),
+        "wire_bytes_per_step": sum(r[1] for r in rows[1:]) / max(1, len(rows) - 1),
+        "steps_per_s": args.steps / elapsed, "epochs_switched": stats["epochs_switched"],
+        "geometry_tensors": [t.name for t in state.tensors if t.geometry],
+        "args": vars(args),
+    }
+    if csv:
+        csv.close()
+        with open(os.path.join(args.out, "summary.json"), "w") as fh:
+            json.dump(summary, fh, indent=1)
+    log(f"done: val {val_loss:.4f}, {summary['wire_bytes_per_step'] / 1e6:.3f} MB/step/worker, "
+        f"{summary['steps_per_s']:.2f} steps/s")
+    state.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

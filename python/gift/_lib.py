@@ -1,0 +1,151 @@
+"""
+gift._lib: the ctypes layer over libgiftclient (client/include/gift/client.h).
+
+Only this module touches ctypes. It finds the shared library, declares the
+prototypes and the two structs, and turns negative return codes into
+GiftError exceptions carrying gift_strerror's sentence and the code.
+
+The library is found, in order, at $GIFT_LIBRARY, in the build folders of
+the repository this package sits in (build*/client/libgiftclient.so.0), and
+through the system loader (ctypes.util.find_library("giftclient")).
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class GiftError(RuntimeError):
+    """An error reported by libgiftclient: .code is the negative code of
+    gift_error.h, .message gift_strerror's sentence, .call the C function."""
+
+    def __init__(self, code, call=None, message=None):
+        self.code = int(code)
+        self.call = call
+        self.message = message if message is not None else strerror(code)
+        where = f"{call}: " if call else ""
+        super().__init__(f"{where}{self.message} (gift error {self.code})")
+
+
+class _ClientOpts(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("servers", ctypes.c_char_p),
+        ("rank", ctypes.c_int),
+        ("world_size", ctypes.c_int),
+        ("chunk_bytes", ctypes.c_uint64),
+        ("timeout_ms", ctypes.c_uint32),
+        ("connect_timeout_ms", ctypes.c_uint32),
+        ("backoff_max_ms", ctypes.c_uint32),
+        ("seed", ctypes.c_uint64),
+        ("name", ctypes.c_char_p),
+    ]
+
+
+class _TensorDesc(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("name", ctypes.c_char_p),
+        ("rows", ctypes.c_uint32),
+        ("cols", ctypes.c_uint32),
+        ("push_codec", ctypes.c_int),
+        ("pull_codec", ctypes.c_int),
+        ("fp8_block", ctypes.c_uint32),
+        ("geometry", ctypes.c_int),
+        ("rank", ctypes.c_uint32),
+        ("refresh", ctypes.c_uint32),
+        ("error_feedback", ctypes.c_int),
+        ("stochastic", ctypes.c_int),
+        ("priority", ctypes.c_int),
+    ]
+
+
+class _ClientStats(ctypes.Structure):
+    _fields_ = [
+        ("frames_out", ctypes.c_uint64),
+        ("frames_in", ctypes.c_uint64),
+        ("bytes_out", ctypes.c_uint64),
+        ("bytes_in", ctypes.c_uint64),
+        ("reconnects", ctypes.c_uint64),
+        ("replays", ctypes.c_uint64),
+        ("epochs_switched", ctypes.c_uint32),
+    ]
+
+
+# void (*gift_op_cb)(gift_op_t *op, int status, void *arg)
+OP_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+
+
+def _candidates():
+    env = os.environ.get("GIFT_LIBRARY")
+    if env:
+        yield env
+        return
+    for pattern in ("build/client/libgiftclient.so*", "build*/client/libgiftclient.so*"):
+        for p in sorted(glob.glob(os.path.join(_REPO, pattern))):
+            if not p.endswith(".a"):
+                yield p
+    found = ctypes.util.find_library("giftclient")
+    if found:
+        yield found
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+    raise ImportError(
+        "gift: cannot load libgiftclient; build it (cmake --build build) or set "
+        "GIFT_LIBRARY to its path. Tried: " + ("; ".join(tried) or "nothing found"))
+
+
+lib, path = _load()
+
+_P = ctypes.c_void_p
+_proto = {
+    "gift_version": (ctypes.c_char_p, []),
+    "gift_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+    "gift_client_open": (ctypes.c_int, [ctypes.POINTER(_ClientOpts), ctypes.POINTER(_P)]),
+    "gift_client_close": (None, [_P]),
+    "gift_declare": (ctypes.c_int, [_P, ctypes.POINTER(_TensorDesc), ctypes.c_size_t]),
+    "gift_push": (ctypes.c_int, [_P, ctypes.c_uint32, ctypes.c_uint64, _P, OP_CB, _P,
+                                 ctypes.POINTER(_P)]),
+    "gift_pull": (ctypes.c_int, [_P, ctypes.c_uint32, ctypes.c_uint64, _P, OP_CB, _P,
+                                 ctypes.POINTER(_P)]),
+    "gift_push_pull": (ctypes.c_int, [_P, ctypes.c_uint32, ctypes.c_uint64, _P, _P, OP_CB, _P,
+                                      ctypes.POINTER(_P)]),
+    "gift_sketch_inputs": (ctypes.c_int, [_P, ctypes.c_uint32, ctypes.c_uint64, _P,
+                                          ctypes.c_uint32]),
+    "gift_op_wait": (ctypes.c_int, [_P]),
+    "gift_op_test": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
+    "gift_op_free": (None, [_P]),
+    "gift_client_stats": (None, [_P, ctypes.POINTER(_ClientStats)]),
+}
+for _name, (_res, _args) in _proto.items():
+    _f = getattr(lib, _name)
+    _f.restype = _res
+    _f.argtypes = _args
+
+# A NULL callback for the op functions.
+NULL_CB = ctypes.cast(None, OP_CB)
+
+
+def strerror(code):
+    """gift_strerror(code) as a str."""
+    return lib.gift_strerror(int(code)).decode("utf-8", "replace")
+
+
+def check(rc, call):
+    """Returns rc when it is >= 0, else raises GiftError(rc)."""
+    if rc < 0:
+        raise GiftError(rc, call)
+    return rc
+
+
+def version():
+    return lib.gift_version().decode()
