@@ -958,7 +958,7 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
     bench_json_str(&j, "cpu", cpu);
     bench_json_str(&j, "simd", gift_simd_name(gift_simd_active()));
     bench_json_str(&j, "data", st->synthetic ? "synthetic" : st->have_cov ? "files+cov" : "files");
-    bench_json_int(&j, "rows", st->rows);
+    bench_json_int(&j, "layer_rows", st->rows); /* "rows" is the results array */
     bench_json_int(&j, "cols", st->din);
     bench_json_int(&j, "workers", st->W);
     bench_json_int(&j, "seed", (long long)o->seed);

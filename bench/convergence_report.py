@@ -220,7 +220,7 @@ def fidelity(args):
 
 
 def summarise(j, step, layer, sketch_step, nrows, ncols):
-    rows = j["rows"]  # the JSON's last "rows" key: the result rows
+    rows = j["rows"]  # the result rows
 
     def pick(fmt, transform, pred=lambda r: True):
         return [r for r in rows if r["format"] == fmt and r["transform"] == transform and pred(r)]
