@@ -745,6 +745,26 @@ static int payload_check(const gift_codec_params_t *p, const gift_layout_t *l, c
     }
 }
 
+/* Layout, length and payload_check: everything decoding verifies first. */
+static int decode_check(const gift_codec_params_t *p, const void *payload, size_t len, size_t n,
+                        gift_layout_t *l)
+{
+    int rc;
+    if (p == NULL || payload == NULL)
+        return GIFT_EINVAL;
+    if ((rc = gift_layout(p, n, l)) < 0)
+        return rc;
+    if (len < l->code_off + l->code_bytes)
+        return GIFT_ENOSPC;
+    return payload_check(p, l, payload);
+}
+
+int gift_payload_check(const gift_codec_params_t *p, const void *payload, size_t len, size_t n)
+{
+    gift_layout_t l;
+    return decode_check(p, payload, len, n, &l);
+}
+
 static int decode_any(const gift_codec_params_t *p, const void *payload, size_t len, size_t n,
                       float *out, int acc)
 {
@@ -753,13 +773,9 @@ static int decode_any(const gift_codec_params_t *p, const void *payload, size_t 
     const uint8_t *in = payload;
     int rc;
 
-    if (p == NULL || payload == NULL || (out == NULL && n > 0))
+    if (out == NULL && n > 0)
         return GIFT_EINVAL;
-    if ((rc = gift_layout(p, n, &l)) < 0)
-        return rc;
-    if (len < l.code_off + l.code_bytes)
-        return GIFT_ENOSPC;
-    if ((rc = payload_check(p, &l, in)) < 0)
+    if ((rc = decode_check(p, payload, len, n, &l)) < 0)
         return rc;
     switch (p->fmt) {
     case GIFT_FMT_F32:

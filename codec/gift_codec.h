@@ -140,6 +140,12 @@ int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, flo
 int gift_decode(const gift_codec_params_t *p, const void *payload, size_t len, size_t n,
                 float *out);
 
+/* The checks of gift_decode without the decode: 0 when a payload of n
+ * elements would decode, else the error gift_decode would return
+ * (GIFT_EBADCODE, GIFT_ENOSPC, ...). Reads only the scales and the codes'
+ * special-value bits; writes nothing. */
+int gift_payload_check(const gift_codec_params_t *p, const void *payload, size_t len, size_t n);
+
 /* acc[i] += decode(payload)[i], the server's inner loop. Validates like
  * gift_decode before touching acc, so a bad payload leaves acc unchanged. */
 int gift_decode_acc(const gift_codec_params_t *p, const void *payload, size_t len,

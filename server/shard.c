@@ -178,7 +178,6 @@ struct gift_shard {
     uint64_t placement;
     parked_t *pool;
     parked_t *free_parked;
-    float *scratch; /* ordered: decode target that validates out-of-order pushes */
     /* The Declare that built the store, packed, for checkpoints. */
     uint8_t *decl;
     size_t decl_len;
@@ -397,12 +396,10 @@ static void store_free(gift_shard_t *s)
     }
     free(s->chunks);
     free(s->tensors);
-    free(s->scratch);
     free(s->decl);
     free(s->pending);
     s->pending = NULL;
     s->npending = 0;
-    s->scratch = NULL;
     s->decl = NULL;
     s->decl_len = 0;
     s->chunks = NULL;
@@ -541,7 +538,7 @@ static int publish_geometry(gift_shard_t *s, tensor_t *t, uint64_t valid_from)
 static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_t whylen)
 {
     int rc = GIFT_ENOMEM;
-    size_t nt = d->n_tensors, nc = d->n_chunks, maxn = 0;
+    size_t nt = d->n_tensors, nc = d->n_chunks;
     int ordered = s->o.aggregate == GIFT_SHARD_ORDERED;
 
     if (nt == 0) {
@@ -656,8 +653,6 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
     for (size_t i = 0; i < nc; i++) {
         chunk_t *ch = &s->chunks[i];
         ch->pay_stride = (ch->push_l.total + 63) & ~(size_t)63;
-        if (ch->n > maxn)
-            maxn = ch->n;
         for (int j = 0; j < 2; j++) {
             if ((ch->slot[j].acc = calloc(ch->n, sizeof(float))) == NULL ||
                 (ch->slot[j].ranks = calloc(s->words, sizeof(uint64_t))) == NULL ||
@@ -671,8 +666,6 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
             ch->slot[j].epoch = -1;
         }
     }
-    if (ordered && maxn > 0 && (s->scratch = malloc(maxn * sizeof(float))) == NULL)
-        goto fail;
     if (nc > 0 && (s->pending = calloc(nc, sizeof *s->pending)) == NULL)
         goto fail;
     s->npending = 0;
@@ -1082,15 +1075,15 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
 
 /* Ordered aggregation of rank's push into sl (its bit is not set yet): in
  * rank order it is summed at once, followed by every kept push that now
- * follows without a gap; out of order it is validated (decoded into the
- * scratch buffer) and kept. Returns 0, or the decode error (nothing kept). */
+ * follows without a gap; out of order it is validated (gift_payload_check:
+ * the checks of a decode, without decoding) and kept. Returns 0, or the decode error (nothing kept). */
 static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint32_t rank,
                        const uint8_t *payload, size_t len)
 {
     const gift_codec_params_t *cp = &ch->t->push;
     int rc;
     if (rank != sl->next) {
-        if ((rc = gift_decode(cp, payload, len, ch->n, s->scratch)) < 0)
+        if ((rc = gift_payload_check(cp, payload, len, ch->n)) < 0)
             return rc;
         memcpy(sl->pay + (size_t)rank * ch->pay_stride, payload, len);
         return 0;

@@ -1364,12 +1364,17 @@ static void expect_badcode(gift_format_t fmt, size_t n, size_t off, const void *
     for (size_t i = 0; i < n; i++)
         x[i] = (float)(rng_unit(&s) - 0.5);
     ck_assert_int_eq(gift_encode(&p, x, n, pl, L.total), 0);
+    ck_assert_int_eq(gift_payload_check(&p, pl, L.total, n), 0);
     memcpy(pl + off, bytes, len);
     for (size_t i = 0; i < n; i++)
         out[i] = 3.25f;
     rc = gift_decode(&p, pl, L.total, n, out);
     require_msg(rc == GIFT_EBADCODE,
                 "%s n %zu, %s at byte %zu: decode returned %d, expected GIFT_EBADCODE",
+                gift_format_name(fmt), n, what, off, rc);
+    rc = gift_payload_check(&p, pl, L.total, n);
+    require_msg(rc == GIFT_EBADCODE,
+                "%s n %zu, %s at byte %zu: gift_payload_check returned %d, expected GIFT_EBADCODE",
                 gift_format_name(fmt), n, what, off, rc);
     for (size_t i = 0; i < n; i++)
         require_msg(f2u(out[i]) == f2u(3.25f),
