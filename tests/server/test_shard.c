@@ -417,21 +417,11 @@ static const cdesc_t *chunk_of(uint32_t key, uint32_t chunk)
     return NULL;
 }
 
-/* Builds a Declare from descriptions. bad_digest: 0 correct, 1 one byte
- * flipped, 2 seven bytes. Returns the handle code. */
-static int declare_raw(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc,
-                       int bad_digest, size_t payload_len)
+/* Fills td[0..nt) (and the pointer array tdp, and two codecs per tensor in
+ * codecs) from the test's descriptions. */
+static void tensor_decls(const tdesc_t *t, size_t nt, Gift__TensorDecl *td, Gift__TensorDecl **tdp,
+                         Gift__Codec *codecs)
 {
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__Declare d = GIFT__DECLARE__INIT;
-    Gift__TensorDecl *td = calloc(nt ? nt : 1, sizeof *td),
-                     **tdp = calloc(nt ? nt : 1, sizeof *tdp);
-    Gift__ChunkDecl *cd = calloc(nc ? nc : 1, sizeof *cd), **cdp = calloc(nc ? nc : 1, sizeof *cdp);
-    Gift__Codec *codecs = calloc(2 * (nt ? nt : 1), sizeof *codecs);
-    uint8_t dg[8], junk[64] = {0};
-    int rc;
-
-    ck_assert(td && tdp && cd && cdp && codecs);
     for (size_t i = 0; i < nt; i++) {
         gift__tensor_decl__init(&td[i]);
         gift__codec__init(&codecs[2 * i]);
@@ -453,6 +443,24 @@ static int declare_raw(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c
         td[i].seed = t[i].seed;
         tdp[i] = &td[i];
     }
+}
+
+/* Builds a Declare from descriptions. bad_digest: 0 correct, 1 one byte
+ * flipped, 2 seven bytes. Returns the handle code. */
+static int declare_raw(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc,
+                       int bad_digest, size_t payload_len)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Declare d = GIFT__DECLARE__INIT;
+    Gift__TensorDecl *td = calloc(nt ? nt : 1, sizeof *td),
+                     **tdp = calloc(nt ? nt : 1, sizeof *tdp);
+    Gift__ChunkDecl *cd = calloc(nc ? nc : 1, sizeof *cd), **cdp = calloc(nc ? nc : 1, sizeof *cdp);
+    Gift__Codec *codecs = calloc(2 * (nt ? nt : 1), sizeof *codecs);
+    uint8_t dg[8], junk[64] = {0};
+    int rc;
+
+    ck_assert(td && tdp && cd && cdp && codecs);
+    tensor_decls(t, nt, td, tdp, codecs);
     for (size_t i = 0; i < nc; i++) {
         gift__chunk_decl__init(&cd[i]);
         cd[i].key = c[i].key;
@@ -487,27 +495,7 @@ static uint64_t digest_of(const tdesc_t *t, size_t nt)
     Gift__TensorDecl *td = calloc(nt, sizeof *td), **tdp = calloc(nt, sizeof *tdp);
     Gift__Codec *codecs = calloc(2 * nt, sizeof *codecs);
     ck_assert(td && tdp && codecs);
-    for (size_t i = 0; i < nt; i++) {
-        gift__tensor_decl__init(&td[i]);
-        gift__codec__init(&codecs[2 * i]);
-        gift__codec__init(&codecs[2 * i + 1]);
-        codecs[2 * i].format = t[i].push_fmt;
-        codecs[2 * i].block = t[i].push_block;
-        codecs[2 * i + 1].format = t[i].pull_fmt;
-        codecs[2 * i + 1].block = t[i].pull_block;
-        td[i].key = t[i].key;
-        td[i].name = (char *)t[i].name;
-        td[i].rows = t[i].rows;
-        td[i].cols = t[i].cols;
-        td[i].push_codec = &codecs[2 * i];
-        td[i].pull_codec = &codecs[2 * i + 1];
-        td[i].geometry = t[i].geometry;
-        td[i].rank = t[i].rank;
-        td[i].basis_cols = t[i].basis_cols;
-        td[i].refresh = t[i].refresh;
-        td[i].seed = t[i].seed;
-        tdp[i] = &td[i];
-    }
+    tensor_decls(t, nt, td, tdp, codecs);
     d = gift_digest_tensors(tdp, nt);
     free(td);
     free(tdp);
