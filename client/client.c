@@ -585,11 +585,13 @@ static int geo_alloc(gift_geometry_t *g, int din, int k, int ks)
     return 0;
 }
 
-/* Allocates every buffer of wire w, once (DESIGN.md section 4). */
+/* Allocates every host buffer of wire w, once (DESIGN.md section 4). A
+ * device wire's payload areas (pinned), scratch and residual (device) are
+ * allocated by gift__dev_declare on the I/O thread. */
 static int wire_alloc(gift_client_t *c, gift__wire_t *w)
 {
     size_t area = 0;
-    int fused = w->nmembers > 1;
+    int fused = w->nmembers > 1, dev = w->memory == GIFT_MEMORY_CUDA;
 
     for (uint32_t j = 0; j < w->nchunks; j++) {
         gift__chunk_t *ch = &c->chunks[w->chunk0 + j];
@@ -599,7 +601,8 @@ static int wire_alloc(gift_client_t *c, gift__wire_t *w)
     for (int j = 0; j < 2; j++) {
         gift__pstate_t *ps = &w->ps[j];
         gift__lstate_t *pl = &w->pl[j];
-        if ((ps->payload = aligned(area)) == NULL || (ps->acked = calloc(w->nchunks, 1)) == NULL ||
+        if ((!dev && (ps->payload = aligned(area)) == NULL) ||
+            (ps->acked = calloc(w->nchunks, 1)) == NULL ||
             (ps->sent = calloc(w->nchunks, 1)) == NULL ||
             (pl->got = calloc(w->nchunks, 1)) == NULL || (pl->sent = calloc(w->nchunks, 1)) == NULL)
             return GIFT_ENOMEM;
@@ -608,12 +611,13 @@ static int wire_alloc(gift_client_t *c, gift__wire_t *w)
                       (pl->mean = aligned(w->n * sizeof(float))) == NULL))
             return GIFT_ENOMEM;
     }
-    if (!fused && (w->geometry || w->ef_on) && (w->p = aligned(w->n * sizeof(float))) == NULL)
+    if (!dev && !fused && (w->geometry || w->ef_on) &&
+        (w->p = aligned(w->n * sizeof(float))) == NULL)
         return GIFT_ENOMEM;
-    if (w->ef_on && gift_ef_init(&w->ef, (int)w->rows, (int)w->cols) < 0)
+    if (!dev && w->ef_on && gift_ef_init(&w->ef, (int)w->rows, (int)w->cols) < 0)
         return GIFT_ENOMEM;
     if (w->geometry) {
-        if ((w->work = aligned((size_t)w->rows * w->k * sizeof(float))) == NULL ||
+        if ((!dev && (w->work = aligned((size_t)w->rows * w->k * sizeof(float))) == NULL) ||
             (w->Y = aligned((size_t)w->cols * w->ks * sizeof(float))) == NULL)
             return GIFT_ENOMEM;
         for (int s = 0; s < GIFT__GEO_SLOTS; s++)
@@ -763,6 +767,15 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
             if (d[i].cols < 2 || d[i].rank > d[i].cols)
                 goto out;
         }
+        if (d[i].memory == GIFT_MEMORY_CUDA) {
+            int drc = gift__dev_available(d[i].device, d[i].name ? d[i].name : "(unnamed)");
+            if (drc < 0) {
+                rc = drc;
+                goto out;
+            }
+        } else if (d[i].memory != GIFT_MEMORY_HOST) {
+            goto out;
+        }
     }
     if (c->max_frame)
         max_frame = c->max_frame;
@@ -789,7 +802,8 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
         m->rows = d[i].rows;
         m->cols = d[i].cols;
         m->n = nel;
-        if (!d[i].geometry && nel * 4 < GIFT__FUSE_BYTES && nel * 4 <= c->chunk_bytes) {
+        if (!d[i].geometry && d[i].memory == GIFT_MEMORY_HOST && nel * 4 < GIFT__FUSE_BYTES &&
+            nel * 4 <= c->chunk_bytes) {
             fuse_class_t *k = NULL;
             for (size_t j = 0; j < ncls && k == NULL; j++)
                 if (cls[j].push == d[i].push_codec && cls[j].pull == d[i].pull_codec &&
@@ -844,6 +858,8 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
             w->ef_on = d[i].error_feedback != 0;
             w->geometry = d[i].geometry != 0;
             w->prio = d[i].priority;
+            w->memory = d[i].memory;
+            w->device = d[i].device;
             if (w->geometry) {
                 int k =
                     d[i].rank ? (int)d[i].rank : gift_rank_default((int)d[i].rows, (int)d[i].cols);

@@ -9,6 +9,10 @@
  *             decode, geometry epochs, frame handling, replay and timeouts.
  *   net.c     the only file that knows libuv: the thread, its loop,
  *             connections with backoff, one batched write per turn.
+ *   device.c  device tensors (GIFT_MEMORY_CUDA) on the GPU through gpu/'s
+ *             gift_gpu.h: contexts, device buffers, and the queue of GPU
+ *             jobs of each device. Built when CUDA is; device_stub.c (no
+ *             device exists) otherwise.
  *
  * Threads: the caller's thread builds the declared list and then only reads
  * it; every mutable field below is owned by the I/O thread, except those
@@ -168,7 +172,11 @@ typedef struct gift__geo {
     gift_geometry_t g;
     uint64_t valid_from;
     int used;
+    uint32_t gen; /* bumped at every load (device copies compare it) */
 } gift__geo_t;
+
+typedef struct gift__dwire gift__dwire_t; /* device.c: a device wire's buffers */
+typedef struct gift__gpu gift__gpu_t;     /* device.c: a client's devices */
 
 typedef struct gift__wire {
     uint32_t key;
@@ -204,6 +212,9 @@ typedef struct gift__wire {
     size_t skw_cap;
     uint32_t last_epoch; /* epoch of the last push (switch counting) */
     int pushed_once;
+    /* Device tensors (GIFT_MEMORY_CUDA; never fused): */
+    int memory, device;
+    gift__dwire_t *dw; /* NULL for host wires; set on the I/O thread at declare */
 } gift__wire_t;
 
 enum gift__conn_state {
@@ -271,6 +282,7 @@ struct gift_client {
     int rescan;
     size_t nencoding; /* wires whose push is still being encoded */
     int closing;
+    gift__gpu_t *gpu; /* device.c: contexts and job queues, or NULL */
     uint64_t seq;
     uint64_t backoff_reset_ns;
 };
@@ -298,6 +310,53 @@ void gift__eng_turn_end(gift_client_t *c);
 void gift__eng_encode_more(gift_client_t *c); /* loop turn end, before turn_end */
 /* Frees the per-wire buffers (any thread, once the I/O thread is gone). */
 void gift__eng_free_wires(gift_client_t *c);
+/* For device.c: chunk j of ps is encoded, its payload in ps->payload (queue
+ * it, and the pull of that chunk when it waits); the push failed; the
+ * device is done with w's push (w->encoding cleared); every chunk of pl is
+ * decoded and transformed back in pl->target, or pl failed with pl->err. */
+void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j);
+void gift__eng_push_fail(gift_client_t *c, gift__pstate_t *ps, int rc);
+void gift__eng_push_encoded(gift_client_t *c, gift__wire_t *w);
+void gift__eng_pull_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
+
+/* ---- device.c (device_stub.c without CUDA) ---- */
+/* 0 when device is a CUDA device of this process, else GIFT_ENODEV with a
+ * line on stderr naming tensor `name` (any thread; queries the device count
+ * only). */
+int gift__dev_available(int device, const char *name);
+/* I/O thread, at declaration: a context per device used, every device
+ * wire's device buffers and pinned staging (ps->payload). 0 or a code
+ * (said on stderr). */
+int gift__dev_declare(gift_client_t *c);
+/* Queues w's push of ps (step, epoch set; w->encoding = ps) from the
+ * device gradient src; its chunks come back through the engine calls above. */
+void gift__dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src);
+/* A pull of w starts or restarts on pl (forget what was staged). */
+void gift__dev_pull_reset(gift__wire_t *w, gift__lstate_t *pl);
+/* Chunk ch's reply payload (len bytes, checked): staged in pinned memory
+ * and decoded on the device into pl->target; pl->got/ngot are the
+ * caller's. Call also after a failed reply (pl->err set), so the pull
+ * completes once nothing of it is on the device. */
+void gift__dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                          const gift__chunk_t *ch, const void *payload, size_t len);
+/* The sketch of device X against G's basis into w->Y and w->sk_trace
+ * (synchronous). Returns 1 when the device is busy (retry later), else 0
+ * or a code. */
+int gift__dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, const gift__geo_t *G);
+/* dst = src, n floats of device memory on w's device (synchronous). */
+int gift__dev_copy(gift__wire_t *w, float *dst, const float *src, size_t n);
+/* An operation on device wire w fails while its GPU work may still be in
+ * flight (a timeout, a shard's Error frame): waits until the device no
+ * longer reads the caller's gradient or writes its out, so the caller may
+ * free them once the operation completes. A no-op when w's device runs
+ * nothing of w. */
+void gift__dev_quiesce(gift_client_t *c, gift__wire_t *w);
+/* Takes the reports of finished GPU work (host functions woke the loop). */
+void gift__dev_poll(gift_client_t *c);
+/* I/O thread, closing: waits for the devices, frees every device resource. */
+void gift__dev_close(gift_client_t *c);
+/* Any thread, once the I/O thread is gone: frees what dev_close did not. */
+void gift__dev_free(gift_client_t *c);
 
 /* ---- net.c ---- */
 int gift__net_start(gift_client_t *c);        /* caller: loop, handles, thread */

@@ -184,6 +184,8 @@ static void detach(gift_client_t *c, gift__req_t *r)
     pl->epoch_set = 0;
     memset(pl->got, 0, w->nchunks);
     memset(pl->sent, 0, w->nchunks);
+    if (w->dw != NULL)
+        gift__dev_pull_reset(w, pl);
     send_pull_chunks(c, w, pl);
 }
 
@@ -216,6 +218,13 @@ static void req_finish(gift_client_t *c, gift__req_t *r, int rc)
                 op->parts_left--;
             }
     if (op->parts_left == 0) {
+        if (op->status < 0) {
+            /* Failed from outside its device work (timeout, Error frame):
+             * the GPU may still read grad or write out; wait for it. */
+            gift__wire_t *w = wire_of(c, r);
+            if (w->dw != NULL)
+                gift__dev_quiesce(c, w);
+        }
         if (op->prev)
             op->prev->next = op->next;
         else
@@ -487,7 +496,7 @@ void gift__eng_encode_more(gift_client_t *c)
     while (c->nencoding > 0 && done < GIFT__ENCODE_TURN_BYTES) {
         gift__wire_t *best = NULL;
         for (size_t i = 0; i < c->nwires; i++)
-            if (c->wires[i].encoding != NULL &&
+            if (c->wires[i].encoding != NULL && c->wires[i].dw == NULL &&
                 (best == NULL || c->wires[i].push_prio > best->push_prio))
                 best = &c->wires[i];
         if (best == NULL) { /* cannot happen: nencoding counts these */
@@ -500,7 +509,9 @@ void gift__eng_encode_more(gift_client_t *c)
 
 /* Transforms (geometry), adds the residual (error feedback), then encodes the
  * chunks of ps's step, a few per loop turn (encode_chunks), queueing each as
- * soon as it is encoded. */
+ * soon as it is encoded. A device wire does all of that on its GPU
+ * (gift__dev_push), which reports each chunk once its payload is in host
+ * memory (gift__eng_push_chunk_ready). */
 static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
 {
     const float *p = src;
@@ -514,6 +525,25 @@ static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, c
             return;
         }
         epoch = G->g.epoch;
+    }
+    if (w->dw != NULL) {
+        if (w->pushed_once && epoch != w->last_epoch)
+            GIFT__STAT_ADD(c, epochs_switched, 1);
+        w->last_epoch = epoch;
+        w->pushed_once = 1;
+        ps->state = GIFT__PS_SENT;
+        ps->epoch = epoch;
+        ps->need_replay = 1;
+        ps->nacked = 0;
+        ps->nenc = 0;
+        ps->encp = NULL;
+        memset(ps->acked, 0, w->nchunks);
+        memset(ps->sent, 0, w->nchunks);
+        w->encoding = ps; /* not counted in nencoding: the device reports, nothing polls */
+        gift__dev_push(c, w, ps, src);
+        return;
+    }
+    if (w->geometry) {
         if (!G->g.identity) {
             if ((rc = gift_transform(&G->g, 0, src, (int)w->rows, w->p, w->work)) < 0) {
                 fail_ps(c, ps, rc);
@@ -640,6 +670,8 @@ static int try_pull(gift_client_t *c, gift__req_t *r)
     memset(pl->got, 0, w->nchunks);
     memset(pl->sent, 0, w->nchunks);
     pl->target = fused ? pl->mean : r->out;
+    if (w->dw != NULL)
+        gift__dev_pull_reset(w, pl);
     list_push(&pl->reqs, r);
     send_pull_chunks(c, w, pl);
     return 1;
@@ -649,9 +681,9 @@ static int try_pull(gift_client_t *c, gift__req_t *r)
 static void pull_complete(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
 {
     gift__pstate_t *ps = &w->ps[pl->step & 1];
-    int rc = pl->err, fused = w->nmembers > 1;
+    int rc = pl->err, rc1 = 0, fused = w->nmembers > 1;
 
-    if (rc == 0 && w->geometry) {
+    if (rc == 0 && w->geometry && w->dw == NULL) { /* a device wire's T^-1 ran on the GPU */
         gift__geo_t *G = geo_by_epoch(w, pl->epoch);
         if (G == NULL)
             rc = GIFT_EEPOCH;
@@ -668,10 +700,13 @@ static void pull_complete(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
         if (rc == 0) {
             if (fused)
                 memcpy(r->out, pl->mean + m->off, m->n * sizeof(float));
+            else if (r->out != pl->target && w->dw != NULL)
+                rc1 = gift__dev_copy(w, r->out, pl->target, w->n);
             else if (r->out != pl->target)
                 memcpy(r->out, pl->target, w->n * sizeof(float));
         }
-        req_finish(c, r, rc);
+        req_finish(c, r, rc < 0 ? rc : rc1);
+        rc1 = 0;
     }
     c->rescan = 1;
 }
@@ -686,7 +721,7 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
     gift__pstate_t *ps = &w->ps[r->step & 1];
     gift__geo_t *G;
     size_t need = (size_t)r->n * w->ks;
-    int rc;
+    int rc = 0;
 
     if (!settled(w, r->step) || w->sk_inflight > 0)
         return 0;
@@ -699,7 +734,10 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
         req_finish(c, r, GIFT_EEPOCH);
         return 1;
     }
-    if (need > w->skw_cap) {
+    if (w->dw != NULL) {
+        if ((rc = gift__dev_sketch(c, w, r, G)) == 1)
+            return 0; /* the device is busy with a push or a pull: after it */
+    } else if (need > w->skw_cap) {
         float *nw = realloc(w->skw, need * sizeof(float));
         if (nw == NULL) {
             req_finish(c, r, GIFT_ENOMEM);
@@ -708,8 +746,10 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
         w->skw = nw;
         w->skw_cap = need;
     }
-    if ((rc = gift_sketch(r->in, (int)r->n, (int)w->cols, G->g.U, (int)w->ks, w->Y, &w->sk_trace,
-                          w->skw)) < 0) {
+    if (w->dw == NULL)
+        rc = gift_sketch(r->in, (int)r->n, (int)w->cols, G->g.U, (int)w->ks, w->Y, &w->sk_trace,
+                         w->skw);
+    if (rc < 0) {
         req_finish(c, r, rc);
         return 1;
     }
@@ -829,13 +869,17 @@ static void check_close(gift_client_t *c)
     }
     cmd = c->cmd_close;
     c->cmd_close = NULL;
+    gift__dev_close(c); /* no host function may wake the loop once it stops */
     gift__net_shutdown(c);
     gift__cmd_done(c, cmd, 0);
 }
 
 void gift__eng_commands(gift_client_t *c)
 {
-    gift__cmd_t *cmd = gift__take_commands(c), *next;
+    gift__cmd_t *cmd, *next;
+    if (c->gpu != NULL) /* a host function of a device job may have woken us */
+        gift__dev_poll(c);
+    cmd = gift__take_commands(c);
     for (; cmd != NULL; cmd = next) {
         next = cmd->next;
         switch (cmd->kind) {
@@ -873,7 +917,12 @@ void gift__eng_commands(gift_client_t *c)
             c->cmd_connect = cmd;
             gift__net_connect_all(c);
             break;
-        case GIFT__CMD_DECLARE:
+        case GIFT__CMD_DECLARE: {
+            int rc = gift__dev_declare(c);
+            if (rc < 0) {
+                gift__cmd_done(c, cmd, rc);
+                break;
+            }
             c->io_declared = 1;
             c->cmd_declare = cmd;
             c->geo_err = 0;
@@ -887,6 +936,7 @@ void gift__eng_commands(gift_client_t *c)
                     send_declare(c, s);
             check_cmds(c);
             break;
+        }
         case GIFT__CMD_CLOSE:
             c->closing = 1;
             c->cmd_close = cmd;
@@ -1105,6 +1155,8 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
         rc = GIFT_ESHAPE;
     } else if (w->geometry && pl->epoch_set && m->epoch != pl->epoch) {
         rc = GIFT_EEPOCH;
+    } else if (w->dw != NULL) {
+        rc = 0; /* decoded on the device, below */
     } else {
         rc = gift_decode(&w->pull, f->payload, (size_t)f->payload_len, ch->n, pl->target + ch->off);
     }
@@ -1115,7 +1167,10 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
     if (rc < 0 && pl->err == 0)
         pl->err = rc;
     pl->got[m->chunk] = 1;
-    if (++pl->ngot == w->nchunks)
+    pl->ngot++;
+    if (w->dw != NULL) /* completes the pull once the device is done with it */
+        gift__dev_pull_chunk(c, w, pl, ch, rc == 0 ? f->payload : NULL, (size_t)f->payload_len);
+    else if (pl->ngot == w->nchunks)
         pull_complete(c, w, pl);
 }
 
@@ -1169,6 +1224,7 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
     }
     slot->valid_from = m->valid_from_step;
     slot->used = 1;
+    slot->gen++;
     if (!w->have_geo || m->epoch > w->newest)
         w->newest = m->epoch;
     w->have_geo = 1;
@@ -1274,6 +1330,8 @@ void gift__eng_tick(gift_client_t *c)
     uint64_t now = gift__now_ns();
     gift_op_t *op;
 
+    if (c->gpu != NULL) /* device reports, should a wake-up have been missed */
+        gift__dev_poll(c);
     /* Each pass completes (and unlinks) one expired operation. */
     for (;;) {
         for (op = c->ops; op != NULL && now < op->deadline_ns; op = op->next)
@@ -1316,11 +1374,54 @@ void gift__eng_turn_end(gift_client_t *c)
 }
 
 /* ------------------------------------------------------------------ */
+/* Device wires (device.c reports here)                                  */
+/* ------------------------------------------------------------------ */
+
+void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j)
+{
+    gift__chunk_t *ch = chunk_of(c, w, j);
+    gift__lstate_t *pl = &w->pl[ps->step & 1];
+    if (ps->state != GIFT__PS_SENT)
+        return;
+    if (ps->reqs.head == NULL) { /* every request gone (timed out): stop sending */
+        ps->state = GIFT__PS_IDLE;
+        ps->need_replay = 0;
+        c->rescan = 1;
+        return;
+    }
+    if (j + 1 > ps->nenc)
+        ps->nenc = j + 1;
+    if (ready(c, ch->shard) && !ps->sent[j] && queue_push(c, w, ps, ch) == 0)
+        ps->sent[j] = 1;
+    if (pl->state == GIFT__PL_PENDING && pl->step == ps->step)
+        send_pull_chunks(c, w, pl);
+}
+
+void gift__eng_push_fail(gift_client_t *c, gift__pstate_t *ps, int rc)
+{
+    if (ps->state == GIFT__PS_SENT)
+        fail_ps(c, ps, rc);
+}
+
+void gift__eng_push_encoded(gift_client_t *c, gift__wire_t *w)
+{
+    w->encoding = NULL;
+    c->rescan = 1;
+}
+
+void gift__eng_pull_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
+{
+    if (pl->state == GIFT__PL_PENDING)
+        pull_complete(c, w, pl);
+}
+
+/* ------------------------------------------------------------------ */
 /* Teardown                                                              */
 /* ------------------------------------------------------------------ */
 
 void gift__eng_free_wires(gift_client_t *c)
 {
+    gift__dev_free(c); /* device buffers and pinned payloads first */
     if (c->wires == NULL)
         return;
     for (size_t i = 0; i < c->nwires; i++) {

@@ -56,6 +56,8 @@ const char *gift_strerror(int code)
         return "authentication failed";
     case GIFT_ECLOSED:
         return "connection closed";
+    case GIFT_ENODEV:
+        return "no such CUDA device (or libgiftclient was built without CUDA)";
     case GIFT_EIO:
         return "system call failed";
     case GIFT_ECONFIG:

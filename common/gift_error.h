@@ -43,7 +43,8 @@ enum gift_error {
     GIFT_ECLOSED = -25,   /* the connection or server is closing */
     GIFT_EIO = -26,       /* a system call failed (see the log) */
     GIFT_ECONFIG = -27,   /* invalid configuration */
-    GIFT_ERR_MIN_ = -28   /* one past the last code; later modules extend below it */
+    GIFT_ENODEV = -28,    /* no such CUDA device, or the library was built without CUDA */
+    GIFT_ERR_MIN_ = -29   /* one past the last code; later modules extend below it */
 };
 
 /* Returns a static, human-readable sentence for an error code (never NULL). */

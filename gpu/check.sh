@@ -6,7 +6,9 @@
 # 1. configures and builds the GPU targets (Release, nvcc for sm_80/90/100),
 # 2. runs the GPU tests (every twin against the CPU codec, bit for bit for
 #    encode/decode; by normalised error for the cuBLAS transform and sketch;
-#    plus the emulated ones, test_gpu_emu*, which need no device),
+#    libgiftclient's device tensors end to end against giftd, test_client_device;
+#    plus the emulated ones, test_gpu_emu* and test_client_device_emu, which
+#    need no device),
 # 3. runs `gift-bench codec --gpu`: encode/decode GB/s of every format beside
 #    a device-to-device copy measured in the same run, a bit-for-bit check on
 #    the benchmark tensor, and the transform for k = 8, 32, 128,
@@ -42,6 +44,7 @@ say "build the GPU tests (-j$jobs)"
 cmake --build "$build" -j "$jobs" \
     --target test_gpu_probe test_gpu_codec test_gpu_transform test_gpu_pipeline \
     test_gpu_emu test_gpu_emu_transform test_gpu_emu_pipeline \
+    test_client_device test_client_device_emu \
     >"$build/check-build.log" 2>&1 ||
     { tail -40 "$build/check-build.log"; say "build failed"; exit 1; }
 # gift-bench links the whole project (giftd, libgiftclient): build it apart,
@@ -62,7 +65,8 @@ fi
 
 status=0
 say "GPU tests"
-ctest --test-dir "$build" -R '^test_gpu_' --output-on-failure --timeout 240 || status=1
+ctest --test-dir "$build" -R '^test_gpu_|^test_client_device' --output-on-failure --timeout 240 ||
+    status=1
 
 if [ "$bench" -eq 1 ]; then
     say "gift-bench codec --gpu --mib $mib"

@@ -178,6 +178,14 @@ int gift_gpu_push_chunk(gift_gpu_ctx_t *c, const gift_codec_params_t *p, const f
                         size_t n, float *e_dev, void *payload_dev, void *payload_host, size_t cap,
                         int *status_host, gift_gpu_ready_cb cb, void *arg);
 
+/* Calls cb(arg, status) on a CUDA driver thread once everything enqueued
+ * on c's stream so far has run (not the copy stream of gift_gpu_push_chunk);
+ * status, also written to *status_host (pinned), is the first data error
+ * recorded on c so far, or 0. Does not clear it (gift_gpu_sync does). cb
+ * must not call CUDA. Returns 0 or an argument/CUDA error (cb then never
+ * fires). What libgiftclient uses to learn that a pull's decode is done. */
+int gift_gpu_notify(gift_gpu_ctx_t *c, int *status_host, gift_gpu_ready_cb cb, void *arg);
+
 /* Pull, step 1 (one chunk): copies len payload bytes from payload_host
  * (pinned) to payload_dev and decodes n elements into out_dev, stream
  * ordered. A bad payload records GIFT_EBADCODE (see gift_gpu_sync). */

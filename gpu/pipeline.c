@@ -105,6 +105,28 @@ int gift_gpu_push_chunk(gift_gpu_ctx_t *c, const gift_codec_params_t *p, const f
     return 0;
 }
 
+int gift_gpu_notify(gift_gpu_ctx_t *c, int *status_host, gift_gpu_ready_cb cb, void *arg)
+{
+    ready_ctx_t *r;
+    int rc;
+
+    if (c == NULL || status_host == NULL || cb == NULL)
+        return GIFT_EINVAL;
+    if ((r = malloc(sizeof *r)) == NULL)
+        return GIFT_ENOMEM;
+    r->cb = cb, r->arg = arg, r->status = status_host;
+    if ((rc = gift__gpu_cuda(c,
+                             cudaMemcpyAsync(status_host, c->err_dev, sizeof(int),
+                                             cudaMemcpyDeviceToHost, c->stream),
+                             "status copy")) < 0 ||
+        (rc = gift__gpu_cuda(c, cudaLaunchHostFunc(c->stream, ready_host_fn, r),
+                             "cudaLaunchHostFunc")) < 0) {
+        free(r);
+        return rc;
+    }
+    return 0;
+}
+
 int gift_gpu_pull_chunk(gift_gpu_ctx_t *c, const gift_codec_params_t *p, const void *payload_host,
                         size_t len, size_t n, void *payload_dev, float *out_dev)
 {

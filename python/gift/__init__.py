@@ -33,6 +33,7 @@ from . import _lib
 from ._lib import GiftError, strerror
 
 __all__ = ["Client", "Tensor", "Op", "GiftError", "strerror", "version", "codec_of",
+           "MEMORY_HOST", "MEMORY_CUDA",
            "F32", "BF16", "FP8_E4M3", "FP8_E5M2", "NVFP4", "library_path"]
 
 F32, BF16, FP8_E4M3, FP8_E5M2, NVFP4 = 0, 1, 2, 3, 4
@@ -59,13 +60,45 @@ def codec_of(c):
     return int(c)
 
 
+MEMORY_HOST, MEMORY_CUDA = _lib.MEMORY_HOST, _lib.MEMORY_CUDA
+
+
+def _device_index(device):
+    """None for host memory, else the CUDA device ordinal of `device`: None,
+    "cpu", "cuda", "cuda:N", an int N, or a torch.device."""
+    if device is None:
+        return None
+    if isinstance(device, int):
+        return device
+    kind = getattr(device, "type", None)
+    index = getattr(device, "index", None)
+    if kind is None:
+        text = str(device)
+        kind, _, idx = text.partition(":")
+        index = int(idx) if idx else None
+    if kind == "cpu":
+        return None
+    if kind != "cuda":
+        raise ValueError(f"gift: unknown device {device!r} (cpu, cuda, cuda:N or an int)")
+    if index is None:
+        import torch
+        index = torch.cuda.current_device()
+    return int(index)
+
+
 class Tensor:
     """One declared tensor: rows x cols float32 (a 1-D tensor is 1 x n).
-    codec sets both directions unless pull_codec is given. The other fields
-    are those of gift_tensor_desc_t (0 = the library's default)."""
+    codec sets both directions unless pull_codec is given. device None or
+    "cpu": the buffers given for it are host memory; "cuda", "cuda:N", N or
+    a torch.device: CUDA device memory (torch CUDA tensors on that device),
+    encoded and decoded on the GPU by libgiftclient (gift_tensor_desc_t's
+    memory and device; needs a libgiftclient built with CUDA, else declare
+    raises GiftError GIFT_ENODEV). The other fields are those of
+    gift_tensor_desc_t (0 = the library's default)."""
 
     def __init__(self, name, rows, cols, codec="f32", pull_codec=None, geometry=False, rank=0,
-                 refresh=0, fp8_block=0, error_feedback=False, stochastic=False, priority=0):
+                 refresh=0, fp8_block=0, error_feedback=False, stochastic=False, priority=0,
+                 device=None):
         self.name = str(name)
         self.rows, self.cols = int(rows), int(cols)
         self.push_codec = codec_of(codec)
@@ -74,6 +107,11 @@ class Tensor:
         self.rank, self.refresh, self.fp8_block = int(rank), int(refresh), int(fp8_block)
         self.error_feedback, self.stochastic = bool(error_feedback), bool(stochastic)
         self.priority = int(priority)
+        self.device = _device_index(device)
+
+    @property
+    def memory(self):
+        return MEMORY_HOST if self.device is None else MEMORY_CUDA
 
     @property
     def numel(self):
@@ -81,19 +119,26 @@ class Tensor:
 
     def __repr__(self):
         g = " gift" if self.geometry else ""
+        d = "" if self.device is None else f", cuda:{self.device}"
         return (f"Tensor({self.name!r}, {self.rows}x{self.cols}, "
-                f"{CODEC_NAMES.get(self.push_codec, self.push_codec)}{g})")
+                f"{CODEC_NAMES.get(self.push_codec, self.push_codec)}{g}{d})")
 
 
-def _pointer(x, n, writable, what):
+def _pointer(x, n, writable, what, device=None):
     """(address, keepalive) of x's float32 data, checking n elements. A
     non-contiguous read-only input is copied; a writable one must be
-    contiguous."""
+    contiguous. device None: x must be in host memory; else a torch CUDA
+    tensor on that device, passed straight through (the caller synchronises
+    with its stream, see _sync_cuda)."""
     if hasattr(x, "data_ptr") and hasattr(x, "is_contiguous"):  # torch.Tensor
         if str(x.dtype) != "torch.float32":
             raise TypeError(f"{what}: needs float32, got {x.dtype}")
-        if x.device.type != "cpu":
-            raise TypeError(f"{what}: needs a CPU tensor, got {x.device}")
+        if device is None and x.device.type != "cpu":
+            raise TypeError(f"{what}: the tensor was declared in host memory, got one on "
+                            f"{x.device} (declare it with device=...)")
+        if device is not None and (x.device.type != "cuda" or x.device.index != device):
+            raise TypeError(f"{what}: the tensor was declared on cuda:{device}, got one on "
+                            f"{x.device}")
         if x.numel() != n:
             raise ValueError(f"{what}: {x.numel()} elements for a tensor of {n}")
         if not x.is_contiguous():
@@ -101,6 +146,9 @@ def _pointer(x, n, writable, what):
                 raise ValueError(f"{what}: the output must be contiguous")
             x = x.contiguous()
         return x.data_ptr(), x
+    if device is not None:
+        raise TypeError(f"{what}: the tensor was declared on cuda:{device}: needs a torch CUDA "
+                        f"tensor, got {type(x).__name__}")
     if hasattr(x, "__array_interface__"):  # numpy
         import numpy as np
         if x.dtype != np.float32:
@@ -115,6 +163,20 @@ def _pointer(x, n, writable, what):
             raise ValueError(f"{what}: the output is read-only")
         return x.ctypes.data, x
     raise TypeError(f"{what}: needs a float32 numpy array or torch tensor, got {type(x).__name__}")
+
+
+def _sync_cuda(bufs):
+    """libgiftclient reads and writes device buffers on its own CUDA stream
+    and does not wait on PyTorch's (gift/client.h, "Device tensors"): finish
+    the work of the current stream of every device involved first, so that
+    the gradient is written and nothing still touches the output."""
+    seen = set()
+    for x in bufs:
+        dev = getattr(x, "device", None)
+        if dev is not None and getattr(dev, "type", None) == "cuda" and dev.index not in seen:
+            import torch
+            seen.add(dev.index)
+            torch.cuda.current_stream(dev).synchronize()
 
 
 # Operations with a Python callback, by token (the C callback's arg).
@@ -253,12 +315,19 @@ class Client:
                 t.refresh
             d.error_feedback, d.stochastic, d.priority = int(t.error_feedback), \
                 int(t.stochastic), t.priority
+            d.memory = t.memory
+            d.device = t.device if t.device is not None else 0
         _lib.check(_lib.lib.gift_declare(self._handle(), arr, len(tensors)), "gift_declare")
         self.tensors = tensors
 
     def _numel(self, tid):
         if 0 <= tid < len(self.tensors):
             return self.tensors[tid].numel
+        return None
+
+    def _device(self, tid):
+        if 0 <= tid < len(self.tensors):
+            return self.tensors[tid].device
         return None
 
     def _start(self, call, fn, tid, step, bufs, callback):
@@ -269,9 +338,10 @@ class Client:
             if n is None:  # unknown id: let the C side say so
                 ptrs.append(None)
                 continue
-            p, k = _pointer(x, n, writable, f"{call} tensor {tid} buffer {i}")
+            p, k = _pointer(x, n, writable, f"{call} tensor {tid} buffer {i}", self._device(tid))
             ptrs.append(p)
             keep.append(k)
+        _sync_cuda(keep)
         op = Op(call, keep, callback)
         h = ctypes.c_void_p()
         if callback is None:
@@ -290,7 +360,11 @@ class Client:
 
     def push(self, tid, step, grad, callback=None):
         """gift_push: starts pushing tensor tid's gradient for step. callback,
-        if given, is called as callback(status) on the I/O thread."""
+        if given, is called as callback(status) on the I/O thread. For a
+        tensor declared on a CUDA device, grad (and out below) are torch CUDA
+        tensors passed straight through; the current stream of their device
+        is synchronised first, and once the op completes the library's
+        writes to out are done."""
         return self._start("gift_push", _lib.lib.gift_push, tid, step, [(grad, False)], callback)
 
     def pull(self, tid, step, out, callback=None):
@@ -315,7 +389,8 @@ class Client:
             if total % cols:
                 raise ValueError(f"gift_sketch_inputs: {total} values are not rows of {cols}")
             n = total // cols
-            p, keep = _pointer(X, total, False, "gift_sketch_inputs X")
+            p, keep = _pointer(X, total, False, "gift_sketch_inputs X", self._device(tid))
+            _sync_cuda([keep])
         else:
             p, keep = None, None
         _lib.check(_lib.lib.gift_sketch_inputs(self._handle(), tid, step, p, n),

@@ -5,6 +5,10 @@ Only this module touches ctypes. It finds the shared library, declares the
 prototypes and the two structs, and turns negative return codes into
 GiftError exceptions carrying gift_strerror's sentence and the code.
 
+_TensorDesc must match gift_tensor_desc_t field for field (the C side reads
+as many bytes as its size field says); tests/python/test_binding.py compares
+its size and offsets with the header, compiled.
+
 The library is found, in order, at $GIFT_LIBRARY, in the build folders of
 the repository this package sits in (build*/client/libgiftclient.so.0), and
 through the system loader (ctypes.util.find_library("giftclient")).
@@ -59,7 +63,14 @@ class _TensorDesc(ctypes.Structure):
         ("error_feedback", ctypes.c_int),
         ("stochastic", ctypes.c_int),
         ("priority", ctypes.c_int),
+        ("memory", ctypes.c_int),  # GIFT_MEMORY_HOST (0) or GIFT_MEMORY_CUDA (1)
+        ("device", ctypes.c_int),  # the CUDA device ordinal of a GIFT_MEMORY_CUDA tensor
     ]
+
+
+# gift_tensor_desc_t.memory
+MEMORY_HOST = 0
+MEMORY_CUDA = 1
 
 
 class _ClientStats(ctypes.Structure):

@@ -24,10 +24,16 @@ nn.Linear submits the layer's inputs for sketching on refresh steps
 (training mode, gradients enabled, once per step).
 
 Steps: the state counts steps from start_step; the DDP hook ends a step
-after the last bucket, the reducer after synchronize(). Gradients must be
-float32 on the CPU. The DDP hook's future is completed from the client's
-I/O thread (holding the GIL): DDP only waits on it; a .then() added to it
-would run there too.
+after the last bucket, the reducer after synchronize(). Gradients are
+float32. A parameter on a CUDA device is declared as a device tensor
+(device_tensors="auto", the default): its gradient, the DDP bucket and the
+sketched inputs go to libgiftclient as CUDA pointers, encoded and decoded on
+the GPU, and only the compressed bytes cross PCIe (the current stream is
+synchronised before each hand-over; the library needs CUDA built in, else
+the declaration fails with GIFT_ENODEV: pass device_tensors=False to copy
+through host memory instead). The DDP hook's future is completed from the
+client's I/O thread (holding the GIL): DDP only waits on it; a .then()
+added to it would run there too.
 """
 import fnmatch
 import threading
@@ -142,10 +148,14 @@ class GiftState:
     closed by close(). sketch_rows caps the input rows sent per sketch.
     grad_tap, if set, is called as grad_tap(name, local_grad, step) before
     each gradient is pushed (the tensor is the buffer that is about to be
-    overwritten with the mean: copy it to keep it)."""
+    overwritten with the mean: copy it to keep it). device_tensors: "auto"
+    declares each CUDA parameter on its device (see the module's comment),
+    False declares every tensor in host memory (CUDA gradients are then
+    copied to the host and back)."""
 
     def __init__(self, module, comm="f32", policy=None, client=None, servers=None, rank=None,
-                 world_size=None, start_step=0, sketch_rows=4096, seed=0, timeout_ms=0):
+                 world_size=None, start_step=0, sketch_rows=4096, seed=0, timeout_ms=0,
+                 device_tensors="auto"):
         if hasattr(module, "module") and isinstance(
                 module, nn.parallel.DistributedDataParallel):
             module = module.module
@@ -163,7 +173,10 @@ class GiftState:
             if not p.requires_grad:
                 continue
             rows, cols = _shape2d(p)
-            t = gift.Tensor(name, rows, cols, **self.policy(name, p, owner.get(id(p))))
+            fields = dict(self.policy(name, p, owner.get(id(p))))
+            if device_tensors and p.device.type == "cuda" and "device" not in fields:
+                fields["device"] = p.device.index
+            t = gift.Tensor(name, rows, cols, **fields)
             self.ids[id(p)] = len(self.tensors)
             self.names.append(name)
             self.params.append(p)
@@ -192,7 +205,8 @@ class GiftState:
             X = inputs[0].detach().reshape(-1, t.cols)
             if X.shape[0] > self.sketch_rows:
                 X = X[: self.sketch_rows]
-            X = X.to(dtype=torch.float32, device="cpu").contiguous()
+            dev = "cpu" if t.device is None else torch.device("cuda", t.device)
+            X = X.to(dtype=torch.float32, device=dev).contiguous()
             self.client.sketch_inputs(tid, step, X)
             self._sketched[tid] = step
 
@@ -220,10 +234,15 @@ class GiftState:
         place and return a future completed with the bucket's buffer."""
         fut = torch.futures.Future()
         buf = bucket.buffer()
-        if buf.dtype != torch.float32 or buf.device.type != "cpu":
-            raise TypeError(f"gift: DDP bucket of {buf.dtype} on {buf.device}: "
-                            "gift.torch handles float32 CPU gradients")
         params, grads = bucket.parameters(), bucket.gradients()
+        devs = {self.tensors[self.ids[id(p)]].device for p in params}
+        want = None if devs == {None} else (devs.pop() if len(devs) == 1 else -1)
+        if (buf.dtype != torch.float32 or want == -1 or
+                (want is None and buf.device.type != "cpu") or
+                (want is not None and (buf.device.type != "cuda" or buf.device.index != want))):
+            raise TypeError(f"gift: DDP bucket of {buf.dtype} on {buf.device}: gift.torch "
+                            "handles float32 gradients on the device their tensors were "
+                            "declared on (CPU, or one CUDA device)")
         step = self.step
         b = _Bucket(len(params), fut, buf)
         for p, g in zip(params, grads):
@@ -269,10 +288,12 @@ class GiftReducer(GiftState):
                 p.grad = g = torch.zeros_like(p)
             if self.grad_tap is not None:
                 self.grad_tap(self.names[tid], g, step)
-            if g.dtype == torch.float32 and g.device.type == "cpu" and g.is_contiguous():
-                ops.append(self.client.push_pull(tid, step, g, g))
+            t = self.tensors[tid]
+            dev = "cpu" if t.device is None else torch.device("cuda", t.device)
+            if g.dtype == torch.float32 and g.device == torch.device(dev) and g.is_contiguous():
+                ops.append(self.client.push_pull(tid, step, g, g))  # CUDA: straight through
             else:
-                tmp = g.detach().to(dtype=torch.float32, device="cpu").contiguous()
+                tmp = g.detach().to(dtype=torch.float32, device=dev).contiguous()
                 copies.append((g, tmp))
                 ops.append(self.client.push_pull(tid, step, tmp, tmp))
         err = None

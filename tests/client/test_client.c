@@ -33,6 +33,7 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1086,6 +1087,22 @@ START_TEST(test_errors)
     t.geometry = 1;
     t.cols = 1;
     ck_assert_int_eq(gift_declare(c, &t, 1), GIFT_EINVAL); /* geometry needs 2 columns */
+    /* Device tensors: an unknown memory kind; a device this process does not
+     * have (any build: without CUDA every device is one). An old caller's
+     * smaller struct (no memory field) is a host tensor. */
+    t.geometry = 0;
+    t.cols = 4;
+    t.memory = 2;
+    ck_assert_int_eq(gift_declare(c, &t, 1), GIFT_EINVAL);
+    t.memory = GIFT_MEMORY_CUDA;
+    t.device = 1000;
+    ck_assert_int_eq(gift_declare(c, &t, 1), GIFT_ENODEV);
+    ck_assert_str_eq(gift_strerror(GIFT_ENODEV),
+                     "no such CUDA device (or libgiftclient was built without CUDA)");
+    t.size = offsetof(gift_tensor_desc_t, memory);
+    t.memory = 5; /* past the caller's size: never read */
+    rc = gift_declare(c, &t, 1);
+    ck_assert_msg(rc == 0, "declare with an old caller's size: %s", gift_strerror(rc));
     gift_client_close(c);
     unsetenv("GIFT_SERVERS");
     unsetenv("RANK");

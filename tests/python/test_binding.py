@@ -1,5 +1,7 @@
 """The ctypes binding against a real giftd: round trips of every shape and
 buffer kind, and C errors arriving as GiftError with gift_strerror's text."""
+import os
+
 import numpy as np
 import pytest
 
@@ -117,3 +119,119 @@ def test_c_errors_are_exceptions(cluster):
     # the error class carries code and message
     err = gift.GiftError(-22, "gift_op_wait")
     assert err.code == -22 and err.message == gift.strerror(-22)
+
+
+# ---------------------------------------------------------------------------
+# Device tensors (gift_tensor_desc_t.memory = GIFT_MEMORY_CUDA)
+
+
+def test_tensor_desc_layout_matches_the_header(tmp_path):
+    """gift._lib._TensorDesc must be gift_tensor_desc_t, field for field: a
+    C program compiled against client/include/gift/client.h prints its size
+    and every field's offset."""
+    import ctypes
+    import shutil
+    import subprocess
+    from conftest import REPO
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to read the header's layout")
+    fields = [f for f, _ in gift._lib._TensorDesc._fields_]
+    src = tmp_path / "layout.c"
+    src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"gift/client.h\"\n"
+                   "int main(void) {\n"
+                   "  printf(\"sizeof %zu\\n\", sizeof(gift_tensor_desc_t));\n" +
+                   "".join(f"  printf(\"{f} %zu\\n\", offsetof(gift_tensor_desc_t, {f}));\n"
+                           for f in fields) +
+                   "  printf(\"memory_cuda %d\\n\", GIFT_MEMORY_CUDA);\n"
+                   "  printf(\"enodev %d\\n\", GIFT_ENODEV);\n  return 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-std=c11", "-I", os.path.join(REPO, "client", "include"), "-I",
+                    os.path.join(REPO, "common"), str(src), "-o", str(exe)], check=True,
+                   env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}).stdout
+    c = dict((k, int(v)) for k, v in (line.split() for line in out.splitlines()))
+    assert ctypes.sizeof(gift._lib._TensorDesc) == c["sizeof"]
+    for f in fields:
+        assert getattr(gift._lib._TensorDesc, f).offset == c[f], f
+    assert gift.MEMORY_CUDA == c["memory_cuda"] == 1
+    assert gift.strerror(c["enodev"]) == gift.strerror(-28)
+
+
+def test_device_tensor_needs_a_device(cluster):
+    """Without a usable CUDA device (this library built without CUDA, or no
+    GPU), declaring a device tensor fails with GIFT_ENODEV; host tensors of
+    the list are unaffected by the failed attempt."""
+    import torch as _t
+    if _t.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with _client(cluster) as c:
+        e = _raises(-28, c.declare, [gift.Tensor("w", 8, 8, device=0)])
+        assert "CUDA" in e.message
+        c.declare([gift.Tensor("w", 8, 8)])
+        g = torch.randn(8, 8)
+        out = torch.empty(8, 8)
+        assert c.push_pull(0, 0, g, out).wait() == 0
+        assert torch.equal(out, g)
+        with pytest.raises(TypeError):  # declared on the host: a CUDA-looking request is refused
+            gift._pointer(g, 64, False, "x", 0)
+
+
+def test_tensor_device_names():
+    assert gift.Tensor("a", 1, 1).device is None and gift.Tensor("a", 1, 1).memory == 0
+    assert gift.Tensor("a", 1, 1, device="cpu").device is None
+    assert gift.Tensor("a", 1, 1, device="cuda:2").device == 2
+    assert gift.Tensor("a", 1, 1, device=3).memory == gift.MEMORY_CUDA
+    assert gift.Tensor("a", 1, 1, device=torch.device("cuda", 1)).device == 1
+    with pytest.raises(ValueError):
+        gift.Tensor("a", 1, 1, device="tpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (Debian's torch is "
+                    "CPU-only)")
+def test_cuda_tensors_straight_through(cluster):
+    """World of one on a GPU: CUDA tensors go to libgiftclient as device
+    pointers; f32 comes back bit for bit, fp8 within its error, the sketch
+    takes device inputs; a CPU tensor for a device tensor is refused."""
+    with _client(cluster) as c:
+        c.declare([gift.Tensor("f", 64, 100, device="cuda:0"),
+                   gift.Tensor("w", 128, 256, codec="fp8", geometry=True, refresh=1,
+                               error_feedback=True, device=0)])
+        for step in range(3):
+            g = torch.randn(64, 100, device="cuda")
+            out = torch.full((64, 100), float("nan"), device="cuda")
+            w = torch.randn(128, 256, device="cuda")
+            wout = torch.full((128, 256), float("nan"), device="cuda")
+            c.sketch_inputs(1, step, torch.randn(512, 256, device="cuda"))
+            ops = [c.push_pull(0, step, g, out), c.push_pull(1, step, w, wout)]
+            for op in ops:
+                assert op.wait() == 0
+            assert torch.equal(out, g)
+            rel = ((wout - w).norm() / w.norm()).item()
+            assert 0 < rel < 0.1, rel
+        with pytest.raises(TypeError):
+            c.push_pull(0, 3, torch.randn(64, 100))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (Debian's torch is "
+                    "CPU-only)")
+def test_reducer_cuda_gradients_straight_through(cluster):
+    """gift.torch declares a CUDA model's parameters as device tensors and
+    hands their .grad to libgiftclient without a host copy (world of one,
+    f32: the mean is the gradient, bit for bit)."""
+    import gift.torch as gt
+    c = cluster(shards=1, world=1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8)).cuda()
+    red = gt.GiftReducer(model, comm="f32", servers=c.servers, rank=0, world_size=1)
+    try:
+        assert all(t.device == torch.cuda.current_device() for t in red.tensors)
+        for _ in range(2):
+            model.zero_grad()
+            model(torch.randn(16, 64, device="cuda")).square().sum().backward()
+            want = [p.grad.clone() for p in model.parameters()]
+            red.synchronize()
+            for p, w in zip(model.parameters(), want):
+                assert torch.equal(p.grad, w)
+    finally:
+        red.close()

@@ -107,17 +107,76 @@ typedef struct gift_tensor_desc {
     int error_feedback;    /* keep the residual of the push encoding */
     int stochastic;        /* stochastic rounding for pushes */
     int priority;          /* larger goes first; 0: declaration order (see below) */
+    /* Where this tensor's buffers live (added in 0.1 after priority; a caller
+     * built against an older header passes a smaller size and gets host). */
+    int memory;            /* GIFT_MEMORY_HOST (0) or GIFT_MEMORY_CUDA (1) */
+    int device;            /* GIFT_MEMORY_CUDA: the CUDA device ordinal of its buffers */
 } gift_tensor_desc_t;
 
-#define GIFT_TENSOR_INIT {sizeof(gift_tensor_desc_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define GIFT_TENSOR_INIT {sizeof(gift_tensor_desc_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* Memory kinds of gift_tensor_desc_t.memory. */
+#define GIFT_MEMORY_HOST 0
+#define GIFT_MEMORY_CUDA 1
+
+/*
+ * Device tensors (memory = GIFT_MEMORY_CUDA). The pointers passed to
+ * gift_push, gift_pull, gift_push_pull and gift_sketch_inputs for such a
+ * tensor are CUDA device pointers (cudaMalloc or managed memory) on
+ * `device`, rows x cols floats (n x cols for X). The library transforms,
+ * adds the error-feedback residual and encodes on the GPU, copies only the
+ * encoded payload to pinned host memory, and after a pull decodes each
+ * chunk's payload and applies T^-1 on the GPU, in place in out. Every
+ * device buffer (residual, scratch, payload staging, pinned host copies of
+ * the payloads, kept for replay after a reconnect) is allocated once, when
+ * gift_declare reaches the I/O thread.
+ *
+ * Streams and ordering. The library runs this work on a non-blocking CUDA
+ * stream of its own (one per device per client, created and used only on
+ * the client's I/O thread), not on the caller's streams, and does not wait
+ * on them: before gift_push / gift_push_pull / gift_sketch_inputs the
+ * caller must have finished writing grad (or X), e.g. with
+ * cudaStreamSynchronize on the stream that produced it (PyTorch:
+ * torch.cuda.current_stream().synchronize()). grad and out must stay
+ * allocated, and grad unchanged, until the operation completes. When an
+ * operation completes (gift_op_wait returns, its callback runs) every GPU
+ * write of it to out has finished and is visible to any stream; X is no
+ * longer read when gift_sketch_inputs returns; this holds for a failed
+ * operation too (a timeout or a shard's Error frame while its device work
+ * runs waits for that work before completing). The library changes the
+ * current CUDA device of its own I/O thread only; calls on the caller's
+ * thread query the device count and nothing else.
+ *
+ * Device work of one client is serialised per device (one push or one
+ * pull's decode at a time, queued in arrival order), so that a data error
+ * (NaN in a gradient, a bad payload code) is charged to the operation that
+ * caused it; within a push, the copy of chunk i to the host overlaps the
+ * encode of chunk i + 1, and each chunk is sent as soon as its copy lands.
+ * Device tensors are never fused into the small-tensor buckets described at
+ * gift_push: each is a wire tensor of its own. A NaN or Inf in a device
+ * gradient fails the push with GIFT_ENONFINITE as on the host; with error
+ * feedback, the residual of the chunks from the failing one on is reset to
+ * zero (the host path keeps their old residual). Results are bit-identical
+ * to the host path for Euclidean tensors; with geometry the transforms run
+ * through cuBLAS and agree to rounding.
+ *
+ * gift_declare fails with GIFT_ENODEV (and a line on stderr) when a tensor
+ * asks for GIFT_MEMORY_CUDA and the library was built without CUDA, or
+ * `device` is not a CUDA device of this process; GIFT_EINVAL for a memory
+ * kind it does not know.
+ */
 
 /* Declares the whole tensor list at once (every rank the same list in the
  * same order), computes the chunks and their placement, allocates every
- * per-tensor buffer, and declares the chunks to the shards. Tensor i gets
- * the id i. Priorities default to the order a backward pass produces
- * gradients: later-declared tensors are pushed first and pulled last.
- * Returns 0, GIFT_EINVAL, GIFT_EDIGEST (a shard holds a different list),
- * GIFT_ETIMEDOUT, GIFT_ENOMEM. Call once per client. */
+ * per-tensor buffer (device buffers too, see "Device tensors" above), and
+ * declares the chunks to the shards. Tensor i gets the id i. Priorities
+ * default to the order a backward pass produces gradients: later-declared
+ * tensors are pushed first and pulled last. Every rank must give each
+ * tensor the same memory kind: device tensors are never fused, so the kind
+ * of a small tensor changes the list the shards see (GIFT_EDIGEST). Returns 0, GIFT_EINVAL, GIFT_ENODEV (a device tensor, and
+ * no CUDA or no such device), GIFT_EDIGEST (a shard holds a different list),
+ * GIFT_ETIMEDOUT, GIFT_ENOMEM, GIFT_EIO (a CUDA call failed; said on
+ * stderr). Call once per client. */
 int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n);
 
 /* Completion callback: status is 0 or a negative code. Runs on the I/O

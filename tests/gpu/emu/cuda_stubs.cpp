@@ -12,14 +12,25 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <utility>
 
 thread_local gift_emu_idx threadIdx, blockIdx;
 gift_emu_idx blockDim, gridDim;
 gift_emu_block *gift_emu_cur;
 gift_emu_pool gift_emu_threads;
+std::atomic<unsigned long> gift_emu_launches;
+
+extern "C" unsigned long gift_emu_launch_count(void)
+{
+    return gift_emu_launches.load();
+}
 
 static char dummy_obj[64];
 
@@ -42,6 +53,11 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int dev)
 {
     memset(prop, 0, sizeof *prop);
     snprintf(prop->name, sizeof prop->name, "CPU emulator (tests/gpu/emu), device %d", dev);
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *dev)
+{
+    *dev = 0;
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int dev)
@@ -99,13 +115,70 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
     (void)s;
     return cudaSuccess;
 }
+/* Host functions (cudaLaunchHostFunc) run at once: the stream's work before
+ * them is done already. With GIFT_EMU_DEFERRED_HOSTFN=1 in the environment
+ * they run instead on a thread of their own, in launch order, each after a
+ * pseudo-random 0-500 us, as a driver thread would run them: the caller goes
+ * on and sees their reports arrive later (what libgiftclient's device path
+ * must cope with). Every synchronisation waits for the deferred ones. The
+ * thread starts at the first deferred call: fork before it. */
+namespace {
+struct hostfn_queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::pair<cudaHostFn_t, void *>> q;
+    bool running = false, started = false;
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+};
+/* Never destroyed: at exit the thread still waits on its condition. */
+hostfn_queue &HQ = *new hostfn_queue;
+
+bool hostfn_deferred(void)
+{
+    static const int on = [] {
+        const char *v = getenv("GIFT_EMU_DEFERRED_HOSTFN");
+        return v != nullptr && v[0] == '1';
+    }();
+    return on;
+}
+
+void hostfn_thread(void)
+{
+    std::unique_lock<std::mutex> lk(HQ.mu);
+    for (;;) {
+        HQ.cv.wait(lk, [] { return !HQ.q.empty(); });
+        auto job = HQ.q.front();
+        HQ.q.pop_front();
+        HQ.running = true;
+        HQ.rng = HQ.rng * 6364136223846793005ull + 1442695040888963407ull;
+        unsigned us = (unsigned)(HQ.rng >> 33) % 500u;
+        lk.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(us));
+        job.first(job.second);
+        lk.lock();
+        HQ.running = false;
+        HQ.cv.notify_all();
+    }
+}
+
+void hostfn_drain(void)
+{
+    if (!hostfn_deferred())
+        return;
+    std::unique_lock<std::mutex> lk(HQ.mu);
+    HQ.cv.wait(lk, [] { return HQ.q.empty() && !HQ.running; });
+}
+} // namespace
+
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     (void)s;
+    hostfn_drain();
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void)
 {
+    hostfn_drain();
     return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
@@ -118,6 +191,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e,
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     (void)e;
+    hostfn_drain();
     return cudaSuccess;
 }
 /* Emulated time means nothing: every interval is 1 ms. */
@@ -145,7 +219,17 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
 {
     (void)s;
-    fn(arg);
+    if (!hostfn_deferred()) {
+        fn(arg);
+        return cudaSuccess;
+    }
+    std::lock_guard<std::mutex> lk(HQ.mu);
+    if (!HQ.started) {
+        std::thread(hostfn_thread).detach();
+        HQ.started = true;
+    }
+    HQ.q.emplace_back(fn, arg);
+    HQ.cv.notify_all();
     return cudaSuccess;
 }
 

@@ -49,6 +49,10 @@ struct gift_emu_block {
     std::vector<uint64_t> slot;
 };
 extern gift_emu_block *gift_emu_cur;
+/* Kernels launched so far in this process (tests check that a path really
+ * ran on the "device"); C callers see it as gift_emu_launch_count(). */
+extern std::atomic<unsigned long> gift_emu_launches;
+extern "C" unsigned long gift_emu_launch_count(void);
 
 struct gift_emu_cfg {
     unsigned grid, block;
@@ -128,6 +132,7 @@ template <class... P, class... A>
 static void gift_emu_launch(void (*k)(P...), gift_emu_cfg cfg, A... args)
 {
     unsigned nw = (cfg.block + 31) / 32;
+    gift_emu_launches.fetch_add(1, std::memory_order_relaxed);
     gift_emu_block blk;
     unsigned b = 0;
     auto body = [&](unsigned t) {
