@@ -7,7 +7,8 @@
 # mapped to its Debian package (dpkg -S); each package must be one that the
 # stage's `apt-get install` line pulls in (apt-cache depends --recurse) or
 # one of the release's required packages, which debian:*-slim holds.
-# Sanitizer runtimes (an ASan build) and the project's own libraries are
+# Sanitizer runtimes (an ASan build), the CUDA toolkit's libraries of a CUDA
+# build (the image builds CUDA off) and the project's own libraries are
 # left out. Exit 77 (skipped) without dpkg/apt-cache or package lists.
 set -euo pipefail
 dockerfile=${1:?usage: image_deps_check.sh DOCKERFILE BINARY...}
@@ -65,6 +66,13 @@ while read -r p prio; do
 done < <(dpkg-query -W -f '${Package} ${Priority}\n')
 for p in "${listed[@]}"; do have[$p]=1; done
 
+# The image configures -DGIFT_WITH_CUDA=OFF, so its libgiftclient loads
+# nothing of the CUDA toolkit; a CUDA build here (nvcc found) links the
+# toolkit's cudart/cuBLAS into it. Those are left out, and only then.
+cuda_off=0
+grep -q -- '-DGIFT_WITH_CUDA=OFF' "$dockerfile" && cuda_off=1
+ncuda=0
+
 # Every library the binaries load, once: "lib path" lines.
 declare -A libs=()
 for bin in "$@"; do
@@ -73,9 +81,15 @@ for bin in "$@"; do
         case $lib in
             libasan.so* | libubsan.so* | liblsan.so* | libtsan.so* | libgift*) continue ;;
         esac
+        if [[ $cuda_off == 1 && $path == /usr/local/cuda* ]]; then
+            ncuda=$((ncuda + 1))
+            continue
+        fi
         libs[$lib]=$path
     done < <(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 } $2 == "=>" && $3 == "not" { print $1, "" }')
 done
+
+[[ $ncuda == 0 ]] || echo "image_deps_check: left out $ncuda CUDA toolkit libraries of this CUDA build (the image builds with -DGIFT_WITH_CUDA=OFF)"
 
 # One dpkg-query for all of them (it reads its whole database per call):
 # each library by its resolved path and the /usr-merged twin of that path.
