@@ -315,6 +315,39 @@ static void gift__scalars_set(gift_geometry_t *g, double sigma2, double delta)
 /*
  * gift_geometry_update: builds the next epoch from the summed sketch
  * Y = sum_r A_r Q (din x ks, row-major fp32, Q = g->U) and the summed trace.
+ * It is gift_geometry_update_decay with decay 0.
+ */
+int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, double damping)
+{
+    return gift_geometry_update_decay(g, Y, trace, damping, 0.0);
+}
+
+/*
+ * gift_geometry_update_decay: builds the next epoch from the summed sketch
+ * Y = sum_r A_r Q (din x ks, row-major fp32, Q = g->U) and the summed trace,
+ * averaged with the estimate g holds now when decay > 0.
+ *
+ * The running average (beta = decay). The current epoch represents
+ *   C_prev = U diag(lambda) U^T + rho (I - U U^T),
+ *   rho = max(0, trace_prev - sum_j lambda_j) / (din - ks)   (0 when ks = din)
+ * with all ks columns of U and lambda (the oversampling columns carry the
+ * best estimate of the spectrum just below the top k; sigma2 of the
+ * transform spreads the same remainder over din - k), so tr C_prev =
+ * trace_prev (a Nystrom approximation never exceeds A, so the remainder is
+ * >= 0 up to rounding). The new round sketches against Q = U, and U^T U = I, so
+ *   C_prev Q = U diag(lambda) U^T U + rho (U - U U^T U) = U diag(lambda)
+ * and the sketch and trace of C_t = beta C_prev + (1 - beta) C_new are
+ *   Y_t   = beta U diag(lambda) + (1 - beta) Y,
+ *   tr_t  = beta trace_prev + (1 - beta) trace.
+ * Everything below then runs on (Y_t, tr_t) exactly as without averaging;
+ * rho, invisible to any sketch against Q, enters only through tr_t and so
+ * through sigma2 and delta. When k = ks = din the Nystrom step reproduces
+ * C_prev from Q = U (up to fp32 rounding of U and lambda and the shift nu),
+ * so two updates give the epoch of beta C_1 + (1 - beta) C_2 built
+ * directly. Each sketch is a sum over the same workers; averaging sums
+ * averages means. An identity g (epoch 0 or a zero trace) holds no estimate
+ * and is not averaged. The inputs are g's published U, lambda, trace and
+ * identity flag, which checkpoints and epoch records restore bit for bit.
  *
  * Stable Nystrom (Tropp, Yurtsever, Udell, Cevher 2017), in double:
  * Y_nu = Y + nu Q, C = chol(sym(Q^T Y_nu)) (nu grows on failure), B = Y_nu C^-1,
@@ -329,23 +362,36 @@ static void gift__scalars_set(gift_geometry_t *g, double sigma2, double delta)
  * not positive definite even after the largest shift (Y is not a PSD sketch)
  * or LAPACK fails.
  */
-int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, double damping)
+int gift_geometry_update_decay(gift_geometry_t *g, const float *Y, double trace, double damping,
+                               double decay)
 {
     gift__geo_ws_t *ws;
     size_t din, ks, k, i, j, dks;
-    double normy = 0.0, nu, numax, sumk = 0.0, sigma2, delta;
+    double normy = 0.0, nu, numax, sumk = 0.0, sigma2, delta, keep = 0.0, take = 1.0;
     lapack_int info = 1;
-    int rc = GIFT_EINVAL;
+    int rc = GIFT_EINVAL, avg;
 
     if (g == NULL || g->U == NULL || g->ws == NULL || Y == NULL)
         goto out;
     if (!isfinite(trace) || !isfinite(damping) || damping < 0.0)
+        goto out;
+    if (!(decay >= 0.0 && decay < 1.0))
         goto out;
     ws = g->ws;
     din = (size_t)g->din;
     ks = (size_t)g->ks;
     k = (size_t)g->k;
     dks = din * ks;
+
+    /* Average only onto an estimate; decay 0 keeps the plain path, bit for bit. */
+    avg = decay > 0.0 && !g->identity;
+    if (avg) {
+        keep = decay;
+        take = 1.0 - decay;
+        trace = keep * g->trace + take * trace;
+        if (!isfinite(trace))
+            goto out;
+    }
 
     if (trace <= 0.0) {
         gift__set_identity(g);
@@ -355,14 +401,25 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
         goto out;
     }
 
-    for (i = 0; i < dks; i++)
-        normy += (double)Y[i] * Y[i];
-    if (!isfinite(normy))
-        goto out;
-    normy = sqrt(normy);
     for (i = 0; i < din; i++)
         for (j = 0; j < ks; j++)
             ws->Q[j * din + i] = g->U[i * ks + j];
+    if (avg) {
+        /* ||Y_t||; Y_t itself is formed into B on every shift below. */
+        for (i = 0; i < din; i++)
+            for (j = 0; j < ks; j++) {
+                double y =
+                    take * (double)Y[i * ks + j] + keep * (double)g->lambda[j] * ws->Q[j * din + i];
+
+                normy += y * y;
+            }
+    } else {
+        for (i = 0; i < dks; i++)
+            normy += (double)Y[i] * Y[i];
+    }
+    if (!isfinite(normy))
+        goto out;
+    normy = sqrt(normy);
 
     /* C = chol(Q^T Y_nu), growing nu until Q^T Y_nu is positive definite.
      * A zero Y (A orthogonal to Q) is handled by any positive shift. */
@@ -370,9 +427,17 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
     nu = normy > 0.0 ? GIFT__NU_REL * sqrt((double)din) * normy : 1.0;
     numax = fmax(GIFT__NU_MAX_REL * normy, nu);
     for (; nu <= numax; nu *= GIFT__NU_GROWTH) {
-        for (i = 0; i < din; i++)
-            for (j = 0; j < ks; j++)
-                ws->B[j * din + i] = (double)Y[i * ks + j] + nu * ws->Q[j * din + i];
+        if (avg) {
+            for (i = 0; i < din; i++)
+                for (j = 0; j < ks; j++)
+                    ws->B[j * din + i] = (take * (double)Y[i * ks + j] +
+                                          keep * (double)g->lambda[j] * ws->Q[j * din + i]) +
+                                         nu * ws->Q[j * din + i];
+        } else {
+            for (i = 0; i < din; i++)
+                for (j = 0; j < ks; j++)
+                    ws->B[j * din + i] = (double)Y[i * ks + j] + nu * ws->Q[j * din + i];
+        }
         cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)ks, (int)ks, (int)din, 1.0, ws->Q,
                     (int)din, ws->B, (int)din, 0.0, ws->M, (int)ks);
         for (j = 0; j < ks; j++)
@@ -455,6 +520,22 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
     rc = 0;
 out:
     return rc;
+}
+
+/*
+ * gift_geometry_decay_at: with weights w_i = decay^(n - i) on rounds
+ * i = 0..n, the normalised average A_n = sum w_i C_i / sum w_i satisfies
+ * A_n = b A_(n-1) + (1 - b) C_n with b = decay W_(n-1) / W_n and
+ * W_n = (1 - decay^(n + 1)) / (1 - decay). pow is the only libm call; the
+ * owner alone evaluates it and publishes the result's epoch.
+ */
+double gift_geometry_decay_at(double decay, uint32_t n)
+{
+    if (!(decay >= 0.0 && decay < 1.0))
+        return NAN;
+    if (n == 0 || decay == 0.0)
+        return 0.0;
+    return decay * (1.0 - pow(decay, (double)n)) / (1.0 - pow(decay, (double)n + 1.0));
 }
 
 /*

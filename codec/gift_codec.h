@@ -237,8 +237,31 @@ int gift_geometry_copy(gift_geometry_t *dst, const gift_geometry_t *src);
  * which scales with the trace. trace <= 0 publishes an identity epoch. On error g is
  * unchanged (epoch included). No allocation: the workspace comes from init.
  * Returns 0, GIFT_EINVAL (NaN/Inf input, damping < 0, or a singular T), or
- * GIFT_ELAPACK (Y is not the sketch of a PSD matrix). */
+ * GIFT_ELAPACK (Y is not the sketch of a PSD matrix). Same as
+ * gift_geometry_update_decay with decay 0, bit for bit. */
 int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, double damping);
+
+/* Like gift_geometry_update, but the epoch is built from a running average of
+ * the input covariance across refreshes, C_t = decay C_prev + (1 - decay) C_new,
+ * where C_prev is the covariance g represents now (its U, lambda and trace) and
+ * C_new the one Y and trace sketch. Because Y is taken against Q = g->U, the
+ * averaged sketch is decay U diag(lambda) + (1 - decay) Y and the averaged trace
+ * decay g->trace + (1 - decay) trace, both formed here; exact when ks == din.
+ * An identity g (epoch 0, or after a zero trace) holds no estimate: its update
+ * is not averaged. decay 0 is gift_geometry_update bit for bit. The result is
+ * a pure function of g's published state (U, lambda, trace, identity), so an
+ * owner restored from a checkpoint or from logged epochs continues exactly.
+ * Returns what gift_geometry_update returns; GIFT_EINVAL also for a decay
+ * outside [0, 1) or NaN. */
+int gift_geometry_update_decay(gift_geometry_t *g, const float *Y, double trace, double damping,
+                               double decay);
+
+/* The decay that turns a geometry holding n rounds into the average of n + 1
+ * rounds with weights decay^age normalised by their sum (an exponential
+ * average without the weight decay^n that a plain one leaves on its first
+ * round, which is taken whole): decay (1 - decay^n) / (1 - decay^(n + 1)).
+ * 0 for n = 0; tends to decay. decay outside [0, 1) gives NaN. */
+double gift_geometry_decay_at(double decay, uint32_t n);
 
 /* Sets g to a published epoch: U (din x ks, row-major) and lambda (ks) as
  * received from the geometry owner, with its trace, sigma2, delta, epoch and

@@ -131,6 +131,14 @@ static const gift_config_option_t options[] = {
              "memory per chunk; early arrivals are decoded once more). eager: each\n"
              "push is added as it arrives (less memory and work; with 3 or more\n"
              "workers the float sum depends on arrival order)."},
+    {.name = "geometry_decay", .type = GIFT_CONFIG_REAL, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(geometry_decay), .min = 0, .max = 1, .defval = "0", .metavar = "BETA",
+     .help = "GIFT geometry owners: build each epoch from a running average of the\n"
+             "input covariance across refreshes, C = b C_previous + (1 - b) C_sketched,\n"
+             "instead of the latest sketch round alone; b grows from BETA / (1 + BETA)\n"
+             "at the second round to BETA (weights BETA^age over the rounds seen).\n"
+             "0 <= BETA < 1; 0 = the latest round only. The first epoch is never\n"
+             "averaged. Set the same value on every shard."},
     {.name = "checkpoint_steps", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
      FIELD(checkpoint_steps), .min = 0, .max = INT_MAX, .defval = "0", .metavar = "N",
      .help = "Persistence. N > 0: write a checkpoint to data_dir every N steps and on\n"
@@ -339,6 +347,33 @@ static bool parse_int(const char *s, int64_t *out)
     return true;
 }
 
+/* Decimal number (strtod, no hex, no inf/nan); false when malformed. */
+static bool parse_real(const char *s, double *out)
+{
+    double v;
+    char *end;
+
+    if (s == NULL || strpbrk(s, "xXiInN") != NULL ||
+        !(isdigit((unsigned char)s[0]) || s[0] == '.' || s[0] == '-'))
+        return false;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno == ERANGE || end == s || *end != '\0')
+        return false;
+    *out = v;
+    return true;
+}
+
+/* The shortest of %.15g..%.17g that reads back as v. */
+static void format_real(double v, char *buf, size_t len)
+{
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            return;
+    }
+}
+
 /* ", one of debug, info, warn, error" style list of enum names. */
 static void enum_list(const gift_config_option_t *o, const char *sep, char *buf, size_t len)
 {
@@ -381,6 +416,7 @@ static int set_value(gift_config_t *c, size_t i, const char *value, const char *
     const char *why;
     int64_t iv;
     uint64_t sv;
+    double dv;
     bool bv;
     int ev = -1;
 
@@ -475,6 +511,20 @@ static int set_value(gift_config_t *c, size_t i, const char *value, const char *
         bv = true;
         memcpy(field, &bv, sizeof bv);
         break;
+
+    case GIFT_CONFIG_REAL:
+        assert(o->size == sizeof(double));
+        if (!parse_real(value, &dv))
+            return fail(err, errlen, "%s: invalid value for %s: '%s' is not a decimal number", src,
+                        o->name, value);
+        if (!(dv >= (double)o->min && dv < (double)o->max))
+            return fail(err, errlen,
+                        "%s: invalid value for %s: %s is out of range %lld <= v < %lld", src,
+                        o->name, value, (long long)o->min, (long long)o->max);
+        if (dv == 0.0)
+            dv = 0.0; /* "-0" */
+        memcpy(field, &dv, sizeof dv);
+        break;
     }
     c->origin[i].source = from;
     c->origin[i].line = line;
@@ -511,6 +561,7 @@ static void format_value(const gift_config_t *c, size_t i, char *buf, size_t len
     const char *field = (const char *)c + o->offset;
     int iv;
     uint64_t sv;
+    double dv;
     bool bv;
 
     switch (o->type) {
@@ -541,6 +592,10 @@ static void format_value(const gift_config_t *c, size_t i, char *buf, size_t len
                 return;
             }
         snprintf(buf, len, "%d", iv);
+        break;
+    case GIFT_CONFIG_REAL:
+        memcpy(&dv, field, sizeof dv);
+        format_real(dv, buf, len);
         break;
     }
 }

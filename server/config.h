@@ -89,6 +89,7 @@ typedef struct gift_config {
     int stall_timeout; /* seconds before a stalled step fails; 0 = never */
     enum gift_aggregate aggregate;
     int checkpoint_steps;                     /* checkpoint every N steps; 0 = off */
+    double geometry_decay;                    /* covariance running average, [0, 1) */
     char auth_key_file[GIFT_CONFIG_PATH_MAX]; /* "" = no authentication */
     /* The file that was read ("" = none). */
     char config[GIFT_CONFIG_PATH_MAX];
@@ -107,7 +108,8 @@ enum gift_config_type {
     GIFT_CONFIG_SIZE,   /* uint64_t field, decimal with k/M/G (x1024), range [min, max] */
     GIFT_CONFIG_BOOL,   /* bool field: true/false, yes/no, 1/0 */
     GIFT_CONFIG_ENUM,   /* enum field: one of names[], stored as its index */
-    GIFT_CONFIG_ACTION  /* bool field set by a flag that takes no value */
+    GIFT_CONFIG_ACTION, /* bool field set by a flag that takes no value */
+    GIFT_CONFIG_REAL    /* double field, decimal, min <= v < max (min, max integers) */
 };
 
 /* Where an option may be set (bit mask). */
@@ -129,7 +131,7 @@ typedef struct gift_config_option {
     char short_flag;          /* e.g. 'h' for -h, or 0 */
     size_t offset;            /* of the field in gift_config_t */
     size_t size;              /* of the field */
-    int64_t min, max;         /* INT and SIZE ranges */
+    int64_t min, max;         /* INT and SIZE ranges; REAL: [min, max) */
     const char *const *names; /* ENUM: value names, NULL-terminated */
     const char *off_word;     /* INT: a word accepted for off_value ("off"), or NULL */
     int64_t off_value;

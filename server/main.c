@@ -93,6 +93,7 @@ int main(int argc, char **argv)
     o.shard.max_frame_bytes = c.max_frame_bytes;
     o.shard.max_parked = (uint32_t)c.max_parked;
     o.shard.damping = GIFT_DAMPING_DEFAULT;
+    o.shard.geometry_decay = c.geometry_decay;
     o.shard.hits_every = 100; /* the boundary-hit measurement is a slow scalar pass */
     o.shard.stall_warn_s = (uint32_t)c.stall_warn;
     o.shard.stall_timeout_s = (uint32_t)c.stall_timeout;

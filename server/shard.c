@@ -341,6 +341,10 @@ gift_shard_t *gift_shard_new(const gift_shard_opts_t *o, const gift_shard_io_t *
         s->o.max_frame_bytes = GIFT_MAX_FRAME_DEFAULT;
     if (!(s->o.damping > 0.0))
         s->o.damping = GIFT_DAMPING_DEFAULT;
+    if (!(s->o.geometry_decay >= 0.0 && s->o.geometry_decay < 1.0)) {
+        free(s);
+        return NULL;
+    }
     s->io = *io;
     s->log.fd = -1;
     s->o.data_dir = NULL;
@@ -1375,7 +1379,14 @@ static void sketch_complete(gift_shard_t *s, tensor_t *t)
             t->trace_sum += t->tr[r];
         }
     }
-    if ((rc = gift_geometry_update(&t->geo, t->ysum, t->trace_sum, s->o.damping)) < 0) {
+    /* geometry_decay: the epoch averages onto t->geo with weights decay^age over
+     * the rounds seen (gift_geometry_decay_at, the epoch number counting the
+     * rounds; after an identity epoch it overcounts and b is merely nearer
+     * decay), a function of the published state, which checkpoints and epoch
+     * records restore exactly. */
+    if ((rc = gift_geometry_update_decay(
+             &t->geo, t->ysum, t->trace_sum, s->o.damping,
+             gift_geometry_decay_at(s->o.geometry_decay, t->geo.epoch))) < 0) {
         GIFT_LOG_ERROR(0, "tensor %u: geometry update at step %" PRIu64
                           " failed (%s); keeping epoch %u",
                        t->key, step, gift_strerror(rc), t->geo.epoch);

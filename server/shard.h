@@ -102,6 +102,7 @@ typedef struct gift_shard_opts {
     uint64_t max_frame_bytes;  /* largest payload a declaration may imply */
     uint32_t max_parked;       /* parked pulls, whole shard */
     double damping;            /* geometry damping (GIFT_DAMPING_DEFAULT) */
+    double geometry_decay;     /* covariance running average, [0, 1); 0: latest round only */
     uint32_t hits_every;       /* measure pull-codec boundary hits every N steps (0: never) */
     uint32_t stall_warn_s;     /* log a step waiting this long for ranks (0: never) */
     uint32_t stall_timeout_s;  /* fail its parked pulls after this long (0: never) */

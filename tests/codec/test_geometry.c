@@ -1,8 +1,9 @@
 /*
  * test_geometry.c: the geometry of codec/geometry.c. Rank policy, the random
  * starting basis, the Nystrom update against a known A, the sketch, the
- * transform against a dense double reference, error feedback, and loading a
- * published epoch (what a worker does) bit for bit.
+ * transform against a dense double reference, error feedback, loading a
+ * published epoch (what a worker does) bit for bit, and the running average
+ * of the covariance across refreshes (gift_geometry_update_decay).
  */
 #include <cblas.h>
 #include <check.h>
@@ -860,6 +861,317 @@ START_TEST(test_load)
 }
 END_TEST
 
+/* ---- running average of the covariance (gift_geometry_update_decay) ----- */
+
+/* Y = A Q (double, rounded to fp32) for Q = g->U: the summed sketch of a
+ * known A, as refresh() makes it, without updating. Caller frees. */
+static float *sketch_of(const gift_geometry_t *g, const double *A)
+{
+    size_t dks = (size_t)g->din * g->ks, i;
+    double *Qd = malloc(dks * sizeof(double)), *Yd = malloc(dks * sizeof(double));
+    float *Y = malloc(dks * sizeof(float));
+
+    ck_assert_ptr_nonnull(Qd);
+    ck_assert_ptr_nonnull(Yd);
+    ck_assert_ptr_nonnull(Y);
+    for (i = 0; i < dks; i++)
+        Qd[i] = g->U[i];
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->din, g->ks, g->din, 1.0, A, g->din,
+                Qd, g->ks, 0.0, Yd, g->ks);
+    for (i = 0; i < dks; i++)
+        Y[i] = (float)Yd[i];
+    free(Qd);
+    free(Yd);
+    return Y;
+}
+
+/* Every published field of a and b, bit for bit; line names the caller. */
+static void same_bits(const gift_geometry_t *a, const gift_geometry_t *b, const char *what)
+{
+    ck_assert_msg(a->epoch == b->epoch && a->identity == b->identity,
+                  "%s: epoch %u/%u identity %d/%d", what, a->epoch, b->epoch, a->identity,
+                  b->identity);
+    ck_assert_msg(memcmp(&a->trace, &b->trace, sizeof a->trace) == 0 &&
+                      memcmp(&a->sigma2, &b->sigma2, sizeof a->sigma2) == 0 &&
+                      memcmp(&a->delta, &b->delta, sizeof a->delta) == 0,
+                  "%s: trace %.17g/%.17g sigma2 %.17g/%.17g delta %.17g/%.17g", what, a->trace,
+                  b->trace, a->sigma2, b->sigma2, a->delta, b->delta);
+    ck_assert_msg(memcmp(&a->c, &b->c, sizeof a->c) == 0 &&
+                      memcmp(&a->c_inv, &b->c_inv, sizeof a->c_inv) == 0,
+                  "%s: c %.9g/%.9g c_inv %.9g/%.9g", what, (double)a->c, (double)b->c,
+                  (double)a->c_inv, (double)b->c_inv);
+    ck_assert_msg(memcmp(a->U, b->U, (size_t)a->din * a->ks * sizeof(float)) == 0,
+                  "%s: U differs (relL2 %.3g)", what,
+                  rel_err_ff(a->U, b->U, (size_t)a->din * a->ks));
+    ck_assert_msg(memcmp(a->lambda, b->lambda, (size_t)a->ks * sizeof(float)) == 0,
+                  "%s: lambda differs (lambda_1 %.9g/%.9g)", what, (double)a->lambda[0],
+                  (double)b->lambda[0]);
+    ck_assert_msg(memcmp(a->d, b->d, (size_t)a->k * sizeof(float)) == 0 &&
+                      memcmp(a->d_inv, b->d_inv, (size_t)a->k * sizeof(float)) == 0,
+                  "%s: d or d_inv differs", what);
+}
+
+/* The model U diag(lambda) U^T of g's first k columns, row-major double. */
+static double *dense_model(const gift_geometry_t *g)
+{
+    int din = g->din, i, j, l;
+    double *M = calloc((size_t)din * din, sizeof(double));
+
+    ck_assert_ptr_nonnull(M);
+    for (i = 0; i < din; i++)
+        for (j = 0; j < din; j++) {
+            double m = 0.0;
+
+            for (l = 0; l < g->k; l++)
+                m += (double)g->U[i * g->ks + l] * g->lambda[l] * g->U[j * g->ks + l];
+            M[i * din + j] = m;
+        }
+    return M;
+}
+
+static double rel_err_dd(const double *x, const double *y, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        num += (x[i] - y[i]) * (x[i] - y[i]);
+        den += y[i] * y[i];
+    }
+    return sqrt(num) / sqrt(den);
+}
+
+/* decay 0 is the plain update bit for bit, over several rounds and ranks;
+ * a decay on the first epoch (onto the identity of epoch 0) is not applied. */
+START_TEST(test_decay_zero_bitwise)
+{
+    static const int k_list[3] = {1, 24, FX_DIN};
+    known_a_t a2;
+    double s2[FX_DIN];
+    int t, r;
+
+    for (r = 0; r < FX_DIN; r++)
+        s2[r] = 1.0 / (1.0 + 0.1 * r);
+    known_a_make(&a2, FX_DIN, s2, 29);
+    for (t = 0; t < 3; t++) {
+        int k = k_list[t], ks = gift_basis_cols(FX_DIN, k, GIFT_OVERSAMPLE_DEFAULT);
+        gift_geometry_t ga, gb, gc;
+        char what[64];
+
+        ck_assert_int_eq(gift_geometry_init(&ga, FX_DIN, k, ks, 77), 0);
+        ck_assert_int_eq(gift_geometry_init(&gb, FX_DIN, k, ks, 77), 0);
+        ck_assert_int_eq(gift_geometry_init(&gc, FX_DIN, k, ks, 77), 0);
+        for (r = 0; r < 3; r++) {
+            const known_a_t *A = r % 2 ? &a2 : &fx_a;
+            float *Y = sketch_of(&ga, A->A);
+
+            ck_assert_int_eq(gift_geometry_update(&ga, Y, A->trace, GIFT_DAMPING_DEFAULT), 0);
+            ck_assert_int_eq(
+                gift_geometry_update_decay(&gb, Y, A->trace, GIFT_DAMPING_DEFAULT, 0.0), 0);
+            /* gc: decay 0.7 on its first epoch only: not averaged with epoch 0. */
+            if (r == 0)
+                ck_assert_int_eq(
+                    gift_geometry_update_decay(&gc, Y, A->trace, GIFT_DAMPING_DEFAULT, 0.7), 0);
+            snprintf(what, sizeof what, "k=%d round %d, decay 0", k, r + 1);
+            same_bits(&ga, &gb, what);
+            if (r == 0) {
+                snprintf(what, sizeof what, "k=%d first epoch, decay 0.7", k);
+                same_bits(&ga, &gc, what);
+            }
+            free(Y);
+        }
+        gift_geometry_free(&ga);
+        gift_geometry_free(&gb);
+        gift_geometry_free(&gc);
+    }
+    known_a_free(&a2);
+}
+END_TEST
+
+/*
+ * With k = ks = din, two updates with decay beta (C_1, then C_2 sketched
+ * against U_1) give the geometry built in one update from
+ * C = beta C_1 + (1 - beta) C_2 directly. Compared: the trace (the same
+ * double expression, exact), the model U diag(lambda) U^T and the dense T.
+ *
+ * Tolerances. Both sides carry fp32 rounding of the sketches Y (relative
+ * 2^-24 per entry) and of the published U and lambda; the averaged side
+ * also uses U_1 diag(lambda_1) for C_1 U_1, which differs from it by that
+ * rounding and by the Nystrom shift nu (FLT_EPSILON sqrt(din) ||Y||_F at
+ * first, 1.2e-6 relative, and subtracted again from the Ritz values). The
+ * first-order bound is therefore a few 1e-6 for the model; measured 5e-8
+ * (the errors are random and partly cancel; printed on stderr), so 1e-6
+ * keeps a margin of 20 while still catching a wrong weight, a lost trace
+ * term or a missed oversampling column (all >= 1e-3). T = (M + delta I)^-1/2
+ * amplifies a relative perturbation of M by up to 0.5 lambda_max /
+ * (lambda_min + delta), about 50 here; measured 3e-7, tolerance 1e-5.
+ */
+START_TEST(test_decay_full_rank_average)
+{
+    static const double betas[3] = {0.5, 0.8, 0.95};
+    const int din = FX_DIN;
+    size_t nn = (size_t)din * din, i;
+    known_a_t a2, mix;
+    double s2[FX_DIN];
+    int b;
+
+    for (i = 0; i < (size_t)din; i++)
+        s2[i] = 2.0 / (1.0 + 0.2 * (double)i);
+    known_a_make(&a2, din, s2, 31);
+    for (b = 0; b < 3; b++) {
+        double beta = betas[b], e_m, e_t, e_c, tr;
+        gift_geometry_t ga, gb;
+        double *Ma, *Mb, *Ta, *Tb;
+        float *Y1, *Y2, *Yc;
+
+        /* The averaged covariance, as a known_a_t for sketch_of. */
+        mix.din = din;
+        mix.A = malloc(nn * sizeof(double));
+        ck_assert_ptr_nonnull(mix.A);
+        for (i = 0; i < nn; i++)
+            mix.A[i] = beta * fx_a.A[i] + (1.0 - beta) * a2.A[i];
+        tr = beta * fx_a.trace + (1.0 - beta) * a2.trace;
+
+        ck_assert_int_eq(gift_geometry_init(&ga, din, din, din, 5), 0);
+        ck_assert_int_eq(gift_geometry_init(&gb, din, din, din, 5), 0);
+        Y1 = sketch_of(&ga, fx_a.A);
+        ck_assert_int_eq(
+            gift_geometry_update_decay(&ga, Y1, fx_a.trace, GIFT_DAMPING_DEFAULT, beta), 0);
+        Y2 = sketch_of(&ga, a2.A);
+        ck_assert_int_eq(gift_geometry_update_decay(&ga, Y2, a2.trace, GIFT_DAMPING_DEFAULT, beta),
+                         0);
+        Yc = sketch_of(&gb, mix.A);
+        ck_assert_int_eq(gift_geometry_update(&gb, Yc, tr, GIFT_DAMPING_DEFAULT), 0);
+
+        ck_assert_msg(ga.trace == gb.trace && ga.delta == gb.delta && ga.sigma2 == 0.0 &&
+                          gb.sigma2 == 0.0,
+                      "beta %g: trace %.17g vs %.17g, delta %.17g vs %.17g, sigma2 %g %g", beta,
+                      ga.trace, gb.trace, ga.delta, gb.delta, ga.sigma2, gb.sigma2);
+        Ma = dense_model(&ga);
+        Mb = dense_model(&gb);
+        e_m = rel_err_dd(Ma, Mb, nn);
+        e_c = rel_err_dd(Ma, mix.A, nn);
+        ck_assert_msg(e_m < 1e-6 && e_c < 1e-6,
+                      "beta %g: averaged model vs direct relL2 %.3g, vs the exact C %.3g "
+                      "(tolerance 1e-6)",
+                      beta, e_m, e_c);
+        Ta = dense_t(&ga, 0);
+        Tb = dense_t(&gb, 0);
+        e_t = rel_err_dd(Ta, Tb, nn);
+        ck_assert_msg(e_t < 1e-5, "beta %g: dense T averaged vs direct relL2 %.3g (tolerance 1e-5)",
+                      beta, e_t);
+        fprintf(stderr, "decay %.2f, k = din = %d: model relL2 %.2e (vs exact C %.2e), T %.2e\n",
+                beta, din, e_m, e_c, e_t);
+        free(Ma);
+        free(Mb);
+        free(Ta);
+        free(Tb);
+        free(Y1);
+        free(Y2);
+        free(Yc);
+        free(mix.A);
+        gift_geometry_free(&ga);
+        gift_geometry_free(&gb);
+    }
+    known_a_free(&a2);
+}
+END_TEST
+
+/* A bad decay leaves g untouched. The same covariance every round is a fixed
+ * point of the average, but with k < din the estimate of the first rounds
+ * (a Nystrom approximation from a poor basis, which underestimates A) fades
+ * only as decay^t: after 4 rounds at 0.9 lambda_1 is still 1% low; after 80
+ * (0.9^80 = 2e-4) the averaged and the plain geometry agree to 1e-3. */
+START_TEST(test_decay_args)
+{
+    gift_geometry_t g, h;
+    float *Y;
+    int r;
+
+    ck_assert_int_eq(gift_geometry_init(&g, FX_DIN, 24, 32, 9), 0);
+    ck_assert_int_eq(gift_geometry_init(&h, FX_DIN, 24, 32, 9), 0);
+    Y = sketch_of(&g, fx_a.A);
+    ck_assert_int_eq(gift_geometry_update_decay(&g, Y, fx_a.trace, 0.01, -0.1), GIFT_EINVAL);
+    ck_assert_int_eq(gift_geometry_update_decay(&g, Y, fx_a.trace, 0.01, 1.0), GIFT_EINVAL);
+    ck_assert_int_eq(gift_geometry_update_decay(&g, Y, fx_a.trace, 0.01, NAN), GIFT_EINVAL);
+    ck_assert_msg(g.epoch == 0 && g.identity == 1, "failed updates changed g: epoch %u", g.epoch);
+    free(Y);
+    for (r = 0; r < 80; r++) {
+        float *Yg = sketch_of(&g, fx_a.A), *Yh = sketch_of(&h, fx_a.A);
+
+        ck_assert_int_eq(gift_geometry_update_decay(&g, Yg, fx_a.trace, 0.01, 0.9), 0);
+        ck_assert_int_eq(gift_geometry_update(&h, Yh, fx_a.trace, 0.01), 0);
+        free(Yg);
+        free(Yh);
+    }
+    ck_assert_msg(fabs(g.trace / fx_a.trace - 1.0) < 1e-14, "trace %.17g, wanted %.17g", g.trace,
+                  fx_a.trace);
+    for (r = 0; r < g.k; r++)
+        ck_assert_msg(fabs(g.lambda[r] / h.lambda[r] - 1.0) < 1e-3,
+                      "lambda_%d %.9g averaged vs %.9g plain", r, (double)g.lambda[r],
+                      (double)h.lambda[r]);
+    gift_geometry_free(&g);
+    gift_geometry_free(&h);
+}
+END_TEST
+
+/* gift_geometry_decay_at: the schedule, and three full-rank updates with it
+ * give the normalised average (b^2 C_1 + b C_2 + C_3) / (1 + b + b^2). */
+START_TEST(test_decay_schedule)
+{
+    const int din = FX_DIN;
+    const double beta = 0.9;
+    size_t nn = (size_t)din * din, i;
+    known_a_t a[3];
+    double s[FX_DIN], w[3] = {beta * beta, beta, 1.0}, e_m, tr = 0.0, wsum = 0.0, b;
+    double *C = calloc(nn, sizeof(double)), *M;
+    gift_geometry_t g;
+    int r;
+
+    ck_assert_ptr_nonnull(C);
+    ck_assert_msg(gift_geometry_decay_at(0.9, 0) == 0.0 && gift_geometry_decay_at(0.0, 5) == 0.0,
+                  "decay_at(0.9, 0) %g, decay_at(0, 5) %g", gift_geometry_decay_at(0.9, 0),
+                  gift_geometry_decay_at(0.0, 5));
+    b = gift_geometry_decay_at(0.9, 1);
+    ck_assert_msg(fabs(b - 0.9 / 1.9) < 1e-15, "decay_at(0.9, 1) %.17g, wanted 0.9/1.9", b);
+    b = gift_geometry_decay_at(0.9, 400);
+    ck_assert_msg(fabs(b - 0.9) < 1e-15, "decay_at(0.9, 400) %.17g, wanted 0.9", b);
+    ck_assert_msg(isnan(gift_geometry_decay_at(1.0, 3)) && isnan(gift_geometry_decay_at(-0.1, 3)),
+                  "a bad decay is not NaN");
+    for (r = 0; r < 3; r++) {
+        for (i = 0; i < (size_t)din; i++)
+            s[i] = (1.0 + r) / (1.0 + (0.05 + 0.1 * r) * (double)i);
+        known_a_make(&a[r], din, s, 40 + r);
+        for (i = 0; i < nn; i++)
+            C[i] += w[r] * a[r].A[i];
+        tr += w[r] * a[r].trace;
+        wsum += w[r];
+    }
+    for (i = 0; i < nn; i++)
+        C[i] /= wsum;
+    tr /= wsum;
+    ck_assert_int_eq(gift_geometry_init(&g, din, din, din, 3), 0);
+    for (r = 0; r < 3; r++) {
+        float *Y = sketch_of(&g, a[r].A);
+
+        b = gift_geometry_decay_at(beta, g.epoch);
+        ck_assert_int_eq(gift_geometry_update_decay(&g, Y, a[r].trace, GIFT_DAMPING_DEFAULT, b), 0);
+        free(Y);
+    }
+    M = dense_model(&g);
+    e_m = rel_err_dd(M, C, nn);
+    ck_assert_msg(e_m < 1e-6 && fabs(g.trace / tr - 1.0) < 1e-14,
+                  "model vs the normalised average relL2 %.3g (tolerance 1e-6), trace %.17g vs "
+                  "%.17g",
+                  e_m, g.trace, tr);
+    free(M);
+    free(C);
+    for (r = 0; r < 3; r++)
+        known_a_free(&a[r]);
+    gift_geometry_free(&g);
+}
+END_TEST
+
 static Suite *geometry_suite(void)
 {
     Suite *s = suite_create("geometry");
@@ -880,6 +1192,10 @@ static Suite *geometry_suite(void)
     tcase_add_test(known, test_ef_rebase);
     tcase_add_test(known, test_copy);
     tcase_add_test(known, test_load);
+    tcase_add_test(known, test_decay_zero_bitwise);
+    tcase_add_test(known, test_decay_full_rank_average);
+    tcase_add_test(known, test_decay_args);
+    tcase_add_test(known, test_decay_schedule);
     suite_add_tcase(s, known);
 
     tcase_set_timeout(recovery, 120);

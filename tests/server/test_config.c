@@ -169,6 +169,7 @@ START_TEST(test_defaults)
     ck_assert_int_eq(c.stall_timeout, 0);
     ck_assert_int_eq(c.aggregate, GIFT_AGGREGATE_ORDERED);
     ck_assert_int_eq(c.checkpoint_steps, 0);
+    ck_assert_msg(c.geometry_decay == 0.0, "geometry_decay %.17g", c.geometry_decay);
     ck_assert_str_eq(c.auth_key_file, "");
     ck_assert_str_eq(c.config, "");
     ck_assert(!c.help && !c.version && !c.check_config);
@@ -417,8 +418,10 @@ START_TEST(test_flags)
             L("--port", "9000", "--http-port=9001", "--bind", "::", "--data-dir=/srv/g",
               "--max-connections", "12", "--max-frame-bytes=1G", "--write-queue-bytes", "1M",
               "--log-level=warn", "--aggregate", "eager", "--shard-id", "1", "--num-shards=3",
-              "--stall-timeout", "60", "--auth-key-file=/k", "--check-config"),
+              "--stall-timeout", "60", "--auth-key-file=/k", "--check-config", "--geometry-decay",
+              "0.9"),
             NULL);
+    ck_assert_msg(c.geometry_decay == 0.9, "geometry_decay %.17g", c.geometry_decay);
     ck_assert_int_eq(c.port, 9000);
     ck_assert_int_eq(c.http_port, 9001);
     ck_assert_str_eq(c.bind, "::");
@@ -553,6 +556,16 @@ static const struct error_case {
      {"max_header_bytes", "out of range"}},
     {"size overflow by suffix", {0}, {"GIFTD_WRITE_QUEUE_BYTES=17179869184G"}, NULL,
      {"env GIFTD_WRITE_QUEUE_BYTES:", "write_queue_bytes", "out of range"}},
+    {"fraction at the open end", {"--geometry-decay", "1"}, {0}, NULL,
+     {"flag --geometry-decay:", "geometry_decay", "1 is out of range 0 <= v < 1"}},
+    {"negative fraction (env)", {0}, {"GIFTD_GEOMETRY_DECAY=-0.1"}, NULL,
+     {"env GIFTD_GEOMETRY_DECAY:", "geometry_decay", "-0.1 is out of range"}},
+    {"bad fraction (file)", {0}, {0}, "[giftd]\ngeometry_decay = 0.9x\n",
+     {"@:2:", "geometry_decay", "'0.9x' is not a decimal number"}},
+    {"nan fraction", {"--geometry-decay=nan"}, {0}, NULL,
+     {"geometry_decay", "'nan' is not a decimal number"}},
+    {"hex fraction", {"--geometry-decay=0x0.8"}, {0}, NULL,
+     {"geometry_decay", "'0x0.8' is not a decimal number"}},
     {"bad size suffix (flag)", {"--max-frame-bytes", "64X"}, {0}, NULL,
      {"flag --max-frame-bytes:", "max_frame_bytes", "'64X'", "bad size suffix"}},
     {"bad size suffix (file)", {0}, {0}, "[giftd]\n\nmax_header_bytes = 64kB\n",
@@ -827,7 +840,8 @@ START_TEST(test_dump_round_trip)
               "--num-shards", "9", "--data-dir", "/srv/giftd data", "--max-connections=3",
               "--max-header-bytes", "1025", "--max-frame-bytes=3G", "--write-queue-bytes",
               "100000k", "--chunk-bytes", "2047", "--log-level", "Error", "--stall-warn", "0",
-              "--stall-timeout", "7", "--aggregate=ordered", "--checkpoint-steps", "12"),
+              "--stall-timeout", "7", "--aggregate=ordered", "--checkpoint-steps", "12",
+              "--geometry-decay", "0.3"),
             L("GIFTD_AUTH_KEY_FILE=/etc/k;ey"));
     f = tmpfile();
     gift_config_dump(&c, f);
@@ -839,6 +853,7 @@ START_TEST(test_dump_round_trip)
     ck_assert_msg(strstr(text, "max_frame_bytes = 3G\n") != NULL, "dump:\n%s", text);
     ck_assert_msg(strstr(text, "write_queue_bytes = 100000k\n") != NULL, "dump:\n%s", text);
     ck_assert_msg(strstr(text, "log_level = error\n") != NULL, "dump:\n%s", text);
+    ck_assert_msg(strstr(text, "geometry_decay = 0.3\n") != NULL, "dump:\n%s", text);
     ck_assert_msg(strstr(text, "; from env GIFTD_AUTH_KEY_FILE\n") != NULL, "dump:\n%s", text);
     ck_assert_msg(strstr(text, ":2\nworld_size = 7\n") != NULL, "dump:\n%s", text);
     ck_assert_msg(strstr(text, "config =") == NULL, "the dump sets config:\n%s", text);

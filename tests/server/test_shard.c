@@ -2682,6 +2682,12 @@ START_TEST(test_new_invalid)
     io = IO;
     io.close = NULL;
     ck_assert_ptr_null(gift_shard_new(&o, &io));
+    o.geometry_decay = 1.0;
+    ck_assert_ptr_null(gift_shard_new(&o, &IO));
+    o.geometry_decay = -0.25;
+    ck_assert_ptr_null(gift_shard_new(&o, &IO));
+    o.geometry_decay = NAN;
+    ck_assert_ptr_null(gift_shard_new(&o, &IO));
     gift_shard_free(NULL);
 }
 END_TEST
@@ -2958,6 +2964,8 @@ static void fx_persist_teardown(void)
 
 /* Replaces the shard by one persisting to g_dir (every cs steps) and
  * restores it; returns what gift_shard_restore returned (err in *why). */
+static double g_decay; /* geometry_decay of the persisting shards */
+
 static int persist_open(uint32_t shard_id, uint32_t num_shards, uint32_t cs, char *why,
                         size_t whylen)
 {
@@ -2966,6 +2974,7 @@ static int persist_open(uint32_t shard_id, uint32_t num_shards, uint32_t cs, cha
     o.shard_id = shard_id;
     o.num_shards = num_shards;
     o.max_parked = 64;
+    o.geometry_decay = g_decay;
     o.data_dir = g_dir;
     o.checkpoint_steps = cs;
     reopen(&o);
@@ -3151,6 +3160,106 @@ START_TEST(test_persist_geometry)
         free(Y[r]);
     free(ysum);
     gift_geometry_free(&ref);
+}
+END_TEST
+
+/* Sums the sketches of every rank for `round` against U in rank order (the
+ * order of aggregate = ordered), into fresh Y[], ysum and *trace_sum. */
+static void geo_round(uint64_t round, const float *U, float **Y, double *tr, float *ysum,
+                      double *trace_sum)
+{
+    memset(ysum, 0, (size_t)GDIN * GKS * sizeof(float));
+    *trace_sum = 0.0;
+    for (int r = 0; r < W; r++) {
+        Y[r] = malloc((size_t)GDIN * GKS * 4);
+        ck_assert_ptr_nonnull(Y[r]);
+        make_sketch((uint32_t)r, round, U, Y[r], &tr[r]);
+        for (size_t j = 0; j < (size_t)GDIN * GKS; j++)
+            ysum[j] += Y[r][j];
+        *trace_sum += tr[r];
+    }
+}
+
+/* geometry_decay: the first epoch is not averaged (the plain update), the
+ * second averages onto the first with gift_geometry_decay_at's weight. The
+ * second round, cut by a kill after a checkpoint, continues from the restored
+ * geometry plus the logged sketches and publishes, bit for bit, the epoch
+ * gift_geometry_update_decay builds uninterrupted; that epoch survives the
+ * next kill (from the step log). */
+START_TEST(test_persist_geometry_decay)
+{
+    gift_geometry_t ref, plain;
+    float *Y1[W], *Y2[W], *ysum = calloc((size_t)GDIN * GKS, sizeof(float));
+    double tr1[W], tr2[W], trace_sum;
+    char why[512];
+    sent_t *g;
+
+    ck_assert_ptr_nonnull(ysum);
+    g_decay = 0.75;
+    persist_open_ok(100, 0);
+    hello_all();
+    DECLARE_OK(&P[0], GEO_T, 2, GEO_OWNER_C, 3);
+    ck_assert_int_eq(gift_geometry_init(&ref, GDIN, GK, GKS, GEO_T[0].seed), 0);
+    ck_assert_int_eq(gift_geometry_init(&plain, GDIN, GK, GKS, GEO_T[0].seed), 0);
+    ck_assert_int_eq(georeq_raw(&P[1], 0, 0), 0);
+    g = expect_geometry_at(&P[1], &ref, 0, __LINE__);
+    for (int r = 0; r < W; r++) {
+        GEO_PUSH(&P[r], 0, 0, 0, (uint32_t)r);
+        GEO_PUSH(&P[r], 1, 0, 0, (uint32_t)r);
+    }
+
+    /* Round 1 (step 1): the plain update, decay or not. */
+    geo_round(1, (const float *)g->copy, Y1, tr1, ysum, &trace_sum);
+    ck_assert_int_eq(gift_geometry_update(&plain, ysum, trace_sum, GIFT_DAMPING_DEFAULT), 0);
+    ck_assert_int_eq(
+        gift_geometry_update_decay(&ref, ysum, trace_sum, GIFT_DAMPING_DEFAULT, g_decay), 0);
+    for (int r = 0; r < W; r++)
+        sketch_ok_at(&P[r], 1, 0, tr1[r], Y1[r], 0, __LINE__);
+    ck_assert_int_eq(georeq_raw(&P[1], 0, 0), 0);
+    expect_geometry_at(&P[1], &plain, 2, __LINE__);
+    ck_assert_int_eq(georeq_raw(&P[1], 0, 0), 0);
+    g = expect_geometry_at(&P[1], &ref, 2, __LINE__);
+    ck_assert_int_eq(gift_shard_checkpoint(S, why, sizeof why), 0);
+
+    /* Round 2 (step 2), against epoch 1's basis: averaged, so not the plain update. */
+    geo_round(2, (const float *)g->copy, Y2, tr2, ysum, &trace_sum);
+    ck_assert_int_eq(gift_geometry_update(&plain, ysum, trace_sum, GIFT_DAMPING_DEFAULT), 0);
+    ck_assert_int_eq(gift_geometry_update_decay(&ref, ysum, trace_sum, GIFT_DAMPING_DEFAULT,
+                                                gift_geometry_decay_at(g_decay, ref.epoch)),
+                     0);
+    ck_assert_msg(memcmp(ref.lambda, plain.lambda, GKS * sizeof(float)) != 0 &&
+                      ref.trace != plain.trace,
+                  "decay %g changed nothing: trace %.17g", g_decay, ref.trace);
+    sketch_ok_at(&P[3], 2, 1, tr2[3], Y2[3], 0, __LINE__);
+    sketch_ok_at(&P[1], 2, 1, tr2[1], Y2[1], 0, __LINE__);
+    QUIET_ALL();
+
+    persist_open_ok(100, 1); /* killed with half of round 2, after the checkpoint */
+    hello_all();
+    DECLARE_OK(&P[0], GEO_T, 2, GEO_OWNER_C, 3);
+    sketch_ok_at(&P[1], 2, 1, tr2[1], Y2[1], 1, __LINE__); /* replayed: duplicate */
+    sketch_ok_at(&P[2], 2, 1, tr2[2], Y2[2], 0, __LINE__);
+    sketch_ok_at(&P[0], 2, 1, tr2[0], Y2[0], 0, __LINE__);
+    ck_assert_msg(C()->epochs_published == 1, "epochs_published %" PRIu64 " after 4 of 4",
+                  C()->epochs_published);
+    QUIET_ALL();
+    ck_assert_int_eq(georeq_raw(&P[1], 0, 0), 0);
+    expect_geometry_at(&P[1], &ref, 3, __LINE__);
+
+    persist_open_ok(100, 1); /* killed after the averaged epoch */
+    hello_all();
+    DECLARE_OK(&P[0], GEO_T, 2, GEO_OWNER_C, 3);
+    ck_assert_int_eq(georeq_raw(&P[1], 0, 0), 0);
+    expect_geometry_at(&P[1], &ref, 3, __LINE__);
+    QUIET_ALL();
+    for (int r = 0; r < W; r++) {
+        free(Y1[r]);
+        free(Y2[r]);
+    }
+    free(ysum);
+    gift_geometry_free(&ref);
+    gift_geometry_free(&plain);
+    g_decay = 0.0;
 }
 END_TEST
 
@@ -3402,6 +3511,7 @@ static Suite *shard_suite(void)
     tcase_set_timeout(persist, 60);
     tcase_add_test(persist, test_persist_round_trip);
     tcase_add_test(persist, test_persist_geometry);
+    tcase_add_test(persist, test_persist_geometry_decay);
     tcase_add_test(persist, test_persist_corrupt);
     tcase_add_test(persist, test_persist_group_commit);
     suite_add_tcase(s, persist);
