@@ -29,6 +29,7 @@
 #include "gift_codec.h"
 
 #define FID_MAX_WORKERS 256
+#define FID_MAX_SCOV 4096 /* --sketch-cov files: workers x sketch steps */
 #define FID_MAX_K 16
 #define FID_MAX_OUTLIERS 64
 #define FID_OUTLIERS_DEFAULT 4
@@ -54,8 +55,10 @@ typedef struct fid_opts {
     int ngrad;
     const char *cov[FID_MAX_WORKERS];
     int ncov;
-    const char *scov[FID_MAX_WORKERS]; /* --sketch-cov: the geometry's covariances */
+    const char *scov[FID_MAX_SCOV]; /* --sketch-cov: the geometry's covariances, step-major */
     int nscov;
+    double geo_decay;     /* --geometry-decay: gift_geometry_update_decay's decay */
+    int geo_plain;        /* --geometry-decay-plain: the same decay every round */
     int same_batch;       /* synthetic: sketch the step's own batch instead of fresh ones */
     double decay;         /* synthetic: s_i proportional to i^-decay */
     double outlier_scale; /* synthetic: multiplies the outliers' 20..50x variance */
@@ -130,7 +133,7 @@ void bench_fidelity_usage(FILE *f)
     fprintf(f,
             "usage: gift-bench fidelity [--rows R] [--cols C] [--workers W] [--tokens N]\n"
             "                           [--grad FILE]... [--cov FILE]... [--sketch-cov FILE]...\n"
-            "                           [--seed S] [--refresh N]\n"
+            "                           [--seed S] [--refresh N] [--geometry-decay B]\n"
             "                           [--block B] [--sketch-batch fresh|same] [--decay A]\n"
             "                           [--outliers N] [--outlier-scale X] [--json FILE]\n"
             "\n"
@@ -164,6 +167,12 @@ void bench_fidelity_usage(FILE *f)
             "                geometry is sketched from (C x C f32), e.g. from an earlier\n"
             "                step, as in training where the geometry lags the step it\n"
             "                is used at; --cov then serves the whitened metric only.\n"
+            "                Several steps: give W files per step, steps in order (all\n"
+            "                workers of the first step, then of the next, ...); each step\n"
+            "                is one refresh round, as in training, and --refresh is\n"
+            "                ignored. With --geometry-decay B the rounds build giftd's\n"
+            "                running average (geometry_decay B): C_n = b C_n-1 + (1 - b) C_new\n"
+            "                by gift_geometry_update_decay, b = gift_geometry_decay_at(B, n).\n"
             "  no files      a synthetic layer, a stand-in for a transformer MLP layer that\n"
             "                is not tuned for GIFT: per worker N tokens of inputs\n"
             "                X = Z diag(sqrt(s)) V^T with one shared random orthogonal V,\n"
@@ -185,6 +194,12 @@ void bench_fidelity_usage(FILE *f)
             "  --tokens N        synthetic tokens per worker per batch (default max(2048, 2C))\n"
             "  --seed S          seed of the synthetic layer and the geometry (default 1)\n"
             "  --refresh N       refresh rounds before the step (default 4)\n"
+            "  --geometry-decay B  covariance running average across rounds, 0 <= B < 1\n"
+            "                    (default 0: each round replaces the estimate); round n\n"
+            "                    uses gift_geometry_decay_at(B, n) as giftd does: weights\n"
+            "                    B^age normalised over the rounds seen\n"
+            "  --geometry-decay-plain  use B itself every round instead (a plain running\n"
+            "                    average: the first round keeps weight B^n)\n"
             "  --block B         fp8 block size (default %d)\n"
             "  --sketch-batch M  synthetic only: 'fresh' (default) or 'same' batch for sketches\n"
             "  --decay A         synthetic only: bulk spectrum s_i ~ i^-A (default 1.45)\n"
@@ -251,17 +266,24 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
             if (bench_parse_u64(a, v, &o->seed) < 0)
                 return -1;
             i++;
+        } else if (strcmp(a, "--geometry-decay-plain") == 0) {
+            o->geo_plain = 1;
+        } else if (strcmp(a, "--geometry-decay") == 0) {
+            if (bench_parse_double(a, v, 0.0, 0.999999, &o->geo_decay) < 0)
+                return -1;
+            i++;
         } else if (strcmp(a, "--grad") == 0 || strcmp(a, "--cov") == 0 ||
                    strcmp(a, "--sketch-cov") == 0) {
             int is_grad = a[2] == 'g', is_scov = a[2] == 's';
             int *cnt = is_grad ? &o->ngrad : is_scov ? &o->nscov : &o->ncov;
+            int max = is_scov ? FID_MAX_SCOV : FID_MAX_WORKERS;
 
             if (v == NULL) {
                 fprintf(stderr, "gift-bench: %s needs a file name\n", a);
                 return -1;
             }
-            if (*cnt >= FID_MAX_WORKERS) {
-                fprintf(stderr, "gift-bench: at most %d %s files\n", FID_MAX_WORKERS, a);
+            if (*cnt >= max) {
+                fprintf(stderr, "gift-bench: at most %d %s files\n", max, a);
                 return -1;
             }
             (is_grad ? o->grad : is_scov ? o->scov : o->cov)[(*cnt)++] = v;
@@ -300,11 +322,12 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
             return -1;
         }
     }
-    if (o->nscov > 0 && o->nscov != o->ncov) {
+    if (o->nscov > 0 && (o->ncov == 0 || o->nscov % o->ncov != 0)) {
         fprintf(stderr,
-                "gift-bench: %d --sketch-cov files for %d --cov files; give one per worker\n",
+                "gift-bench: %d --sketch-cov files for %d --cov files; give one per worker "
+                "and sketch step\n",
                 o->nscov, o->ncov);
-        return 2;
+        return -1;
     }
     if (o->ncov > 0 && o->ngrad == 0) {
         fprintf(stderr, "gift-bench: --cov needs --grad (one of each per worker)\n");
@@ -690,11 +713,8 @@ static int load_step(fid_state_t *st)
                 for (size_t i = 0; i < din * din; i++)
                     st->A[i] += Aw[i] / (float)st->W;
             }
-            /* The geometry's own covariances, when they differ from the metric's. */
-            for (int w = 0; w < st->o.nscov; w++)
-                if (read_f32_file(st->o.scov[w], "--sketch-cov", shape, din * din,
-                                  st->Aw + (size_t)w * din * din) < 0)
-                    return -1;
+            /* The geometry's own covariances (--sketch-cov) are read per round
+             * by build_geometries, after A is complete. */
         } else {
             /* Proxy geometry for the metric: the mean G_w^T G_w / rows. */
             for (int w = 0; w < st->W; w++)
@@ -751,13 +771,41 @@ static int sketch_worker(fid_state_t *st, int w)
     return 0;
 }
 
-/* Runs the refresh rounds for every geometry. Returns 0 or -1 (reported). */
+/* Sketch rounds: one per --sketch-cov step when there are several, else --refresh. */
+static long sketch_rounds(const fid_state_t *st)
+{
+    long steps = st->o.ncov > 0 ? st->o.nscov / st->o.ncov : 0;
+
+    return steps > 1 ? steps : st->o.refresh;
+}
+
+/* Reads the --sketch-cov files of one sketch step into Aw. Returns 0 or -1. */
+static int load_sketch_step(fid_state_t *st, long step)
+{
+    size_t din = (size_t)st->din;
+    char shape[64];
+
+    snprintf(shape, sizeof(shape), "%d x %d", st->din, st->din);
+    for (int w = 0; w < st->W; w++)
+        if (read_f32_file(st->o.scov[step * st->W + w], "--sketch-cov", shape, din * din,
+                          st->Aw + (size_t)w * din * din) < 0)
+            return -1;
+    return 0;
+}
+
+/* Runs the refresh rounds for every geometry, each through
+ * gift_geometry_update_decay with --geometry-decay, as giftd's owner does.
+ * Returns 0 or -1 (reported). */
 static int build_geometries(fid_state_t *st)
 {
     size_t din = (size_t)st->din;
+    long rounds = sketch_rounds(st), steps = st->o.ncov > 0 ? st->o.nscov / st->o.ncov : 0;
     int rc;
 
-    for (long round = 0; round < st->o.refresh; round++) {
+    for (long round = 0; round < rounds; round++) {
+        if (steps > 0 && (round == 0 || steps > 1) &&
+            load_sketch_step(st, steps > 1 ? round : 0) < 0)
+            return -1;
         for (int i = 0; i < st->ngeo; i++) {
             memset(st->geo[i].Ysum, 0, din * (size_t)st->geo[i].ks * sizeof(float));
             st->geo[i].trsum = 0.0;
@@ -774,7 +822,11 @@ static int build_geometries(fid_state_t *st)
         for (int i = 0; i < st->ngeo; i++) {
             fid_geo_t *g = &st->geo[i];
 
-            if ((rc = gift_geometry_update(&g->g, g->Ysum, g->trsum, GIFT_DAMPING_DEFAULT)) < 0) {
+            double b = st->o.geo_plain ? st->o.geo_decay
+                                       : gift_geometry_decay_at(st->o.geo_decay, g->g.epoch);
+
+            if ((rc = gift_geometry_update_decay(&g->g, g->Ysum, g->trsum, GIFT_DAMPING_DEFAULT,
+                                                 b)) < 0) {
                 fprintf(stderr, "gift-bench: gift_geometry_update (k %d, round %ld): %s\n", g->k,
                         round + 1, gift_strerror(rc));
                 return -1;
@@ -963,6 +1015,9 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
     bench_json_int(&j, "workers", st->W);
     bench_json_int(&j, "seed", (long long)o->seed);
     bench_json_int(&j, "refresh", o->refresh);
+    bench_json_int(&j, "sketch_rounds", sketch_rounds(st));
+    bench_json_num(&j, "geometry_decay", o->geo_decay);
+    bench_json_bool(&j, "geometry_decay_plain", o->geo_plain);
     bench_json_int(&j, "fp8_block", o->block);
     bench_json_num(&j, "damping", GIFT_DAMPING_DEFAULT);
     bench_json_int(&j, "oversample", GIFT_OVERSAMPLE_DEFAULT);
@@ -1143,10 +1198,11 @@ int bench_fidelity_main(int argc, char **argv)
     printf("## gift-bench fidelity\n\n");
     printf("- date %s; CPU %s; SIMD path %s; BLAS on one thread\n", date, cpu,
            gift_simd_name(gift_simd_active()));
-    printf("- layer %d x %d (rows x din), %d workers, seed %llu, %ld refresh rounds, fp8 block "
-           "%ld, damping %g, default k %d\n",
-           st->rows, st->din, st->W, (unsigned long long)st->o.seed, st->o.refresh, st->o.block,
-           GIFT_DAMPING_DEFAULT, st->kdef);
+    printf("- layer %d x %d (rows x din), %d workers, seed %llu, %ld refresh rounds%s, "
+           "geometry decay %g%s, fp8 block %ld, damping %g, default k %d\n",
+           st->rows, st->din, st->W, (unsigned long long)st->o.seed, sketch_rounds(st),
+           st->o.nscov > st->o.ncov ? " (one per --sketch-cov step)" : "", st->o.geo_decay,
+           st->o.geo_plain ? " (plain)" : "", st->o.block, GIFT_DAMPING_DEFAULT, st->kdef);
     if (st->synthetic) {
         printf("- data: synthetic layer, %d tokens per worker; spectrum i^-%g (top %.0fx the "
                "mean channel variance) under a random rotation; %d outlier channels at "

@@ -8,14 +8,17 @@
 #
 #   bench/convergence.sh [--steps N] [--seeds "1 2 3"] [--comms "f32 bf16 ..."]
 #                        [--workers W] [--shards S] [--out DIR] [--build DIR]
-#                        [--dump-steps "a,b"] [--no-fidelity] [-- train_llama args...]
+#                        [--geometry-decay B] [--dump-steps "a,b"] [--no-fidelity]
+#                        [-- train_llama args...]
 #
 # Every run gets a fresh cluster of S shards (the declared tensor list and the
 # steps start anew) and W worker processes with RANK/WORLD_SIZE/MASTER_* as
-# torchrun sets them. Seeds fix the model's initialisation and each worker's
-# data order, so every --comm sees the same data. Results land in
-# DIR (default bench/out/convergence): runs/<comm>-s<seed>/{log.csv,summary.json},
-# convergence.png, convergence.md, convergence.json, fidelity/.
+# torchrun sets them. The shards run with geometry_decay B (default 0): the
+# running average of each GIFT tensor's input covariance across refreshes.
+# Seeds fix the model's initialisation and each worker's data order, so every
+# --comm sees the same data. Results land in DIR (default
+# bench/out/convergence): runs/<comm>-s<seed>/{log.csv,summary.json,
+# server.json}, convergence.png, convergence.md, convergence.json, fidelity/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -28,6 +31,7 @@ shards=2
 out=bench/out/convergence
 build=build
 dump_steps=""
+geometry_decay=0
 fidelity=1
 py=/usr/bin/python3
 extra=()
@@ -43,7 +47,8 @@ while [ $# -gt 0 ]; do
     --dump-steps) dump_steps=$2; shift 2 ;;
     --no-fidelity) fidelity=0; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --geometry-decay) geometry_decay=$2; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "convergence.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -76,13 +81,15 @@ run_one() {
   for ((i = 0; i < shards; i++)); do
     : >"$dir/giftd-$i.ready"
     "$giftd" --port 0 --http-port -1 --shard-id "$i" --num-shards "$shards" \
-      --world-size "$workers" --log-level warn >"$dir/giftd-$i.ready" 2>"$dir/giftd-$i.log" &
+      --world-size "$workers" --geometry-decay "$geometry_decay" --log-level warn \
+      >"$dir/giftd-$i.ready" 2>"$dir/giftd-$i.log" &
     pids+=("$!")
     for _ in $(seq 1 100); do grep -q '^giftd ready' "$dir/giftd-$i.ready" && break; sleep 0.1; done
     port=$(sed -n 's/^giftd ready port=\([0-9]*\).*/\1/p' "$dir/giftd-$i.ready")
     [ -n "$port" ] || { echo "shard $i did not start; see $dir/giftd-$i.log" >&2; return 1; }
     servers="${servers:+$servers,}127.0.0.1:$port"
   done
+  printf '{"geometry_decay": %s}\n' "$geometry_decay" >"$dir/server.json"
   local mport=$((20000 + RANDOM % 20000)) wp=() r rc=0 dump=()
   if [ "$comm" = f32 ] && [ "$seed" = "$first_seed" ] && [ "$fidelity" = 1 ]; then
     dump=(--dump "$out/dump" --dump-steps "$dump_steps")

@@ -17,6 +17,16 @@ bench/convergence_report.py: the tables and the plot of bench/convergence.sh.
       ("same": optimistic, and the whitened metric then uses the very matrix the
       geometry was built from).
       Writes one JSON per (step, layer) and fidelity.md.
+
+  convergence_report.py decay --dump DIR --bench GIFT_BENCH --out DIR
+                              [--refresh 20] [--steps 150,299] [--decays 0,0.5,0.8,0.9]
+      the geometry as training builds it, with and without a running average
+      of the covariance: for each measured step m, the sketches are the
+      dumped covariances of every refresh step s < m (s a multiple of
+      --refresh), in order, one round each, through gift_geometry_update_decay
+      with each --decays value (gift-bench fidelity --sketch-cov ... x rounds
+      --geometry-decay B); plus "same" (the step's own covariance) for
+      reference. Writes decay.md, decay-summary.json and one JSON per run.
 """
 import argparse
 import csv
@@ -56,6 +66,9 @@ def load_runs(out):
         s = json.load(open(sp))
         rows = list(csv.DictReader(open(os.path.join(d, "log.csv"))))
         s["log"] = rows
+        srv = os.path.join(d, "server.json")
+        s["geometry_decay"] = json.load(open(srv))["geometry_decay"] if os.path.exists(srv) \
+            else 0.0
         runs.setdefault(s["comm"], {})[s["seed"]] = s
     return runs
 
@@ -112,12 +125,17 @@ def report(args):
                               "gap_to_f32_pct": gap, "paired_delta": paired,
                               "wire_bytes_per_step": wire, "wire_bytes_median": med,
                               "steps_per_s": sps,
+                              "geometry_decay": sorted({r["geometry_decay"] for r in rs.values()}),
                               "epochs_switched": [r["epochs_switched"] for r in rs.values()]}
     cfg = result["config"]
+    decays = sorted({r["geometry_decay"] for c in comms if c.endswith("-gift")
+                     for r in runs[c].values()})
     head = (f"{result['params'] / 1e6:.2f}M-parameter byte-level Llama (dim {cfg['dim']}, "
             f"{cfg['layers']} layers, {cfg['heads']} heads, seq {cfg['seq']}, batch "
             f"{cfg['batch']}/worker), {result['world']} workers, optimiser {cfg['optim']}, "
-            f"{cfg['steps']} steps, GIFT refresh {cfg['refresh']}. Final val loss: after the "
+            f"{cfg['steps']} steps, GIFT refresh {cfg['refresh']}"
+            f"{', geometry decay ' + '/'.join(f'{d:g}' for d in decays) if decays else ''}"
+            f". Final val loss: after the "
             f"last step; sd: sample standard deviation over seeds; paired Δ: this comm's final "
             f"val loss minus f32's with the same seed (same init and data). Wire bytes: "
             f"this worker's push + pull bytes on the wire, headers included; the mean includes "
@@ -277,6 +295,87 @@ def fidelity_md(summary):
     return "\n".join(out) + "\n"
 
 
+def decay(args):
+    """The lag table with and without the running average (see the module doc)."""
+    os.makedirs(args.out, exist_ok=True)
+    dumped = sorted(int(os.path.basename(d)[4:]) for d in glob.glob(os.path.join(args.dump,
+                                                                                 "step*")))
+    measured = [int(x) for x in args.steps.split(",")]
+    decays = [(float(x.rstrip("p")), x.endswith("p")) for x in args.decays.split(",")]
+    summary = []
+    for m in measured:
+        d = os.path.join(args.dump, f"step{m}")
+        shapes = json.load(open(os.path.join(d, "shapes.json")))
+        rounds = [s for s in dumped if s % args.refresh == 0 and s < m]
+        if not rounds:
+            sys.exit(f"convergence_report: no dumped refresh step (a multiple of {args.refresh}) "
+                     f"before step {m}; dump them with --dump-steps")
+        for layer in sorted({k.rsplit(".", 1)[0] for k in shapes}):
+            rows, cols = shapes[layer + ".grad"]
+            base = [args.bench, "fidelity", "--rows", str(rows), "--cols", str(cols)]
+            for g in sorted(glob.glob(os.path.join(d, f"{layer}.grad.rank*.f32"))):
+                base += ["--grad", g]
+            covs = sorted(glob.glob(os.path.join(d, f"{layer}.cov.rank*.f32")))
+            for c in covs:
+                base += ["--cov", c]
+            runs = [("same", None, [])]
+            sk = []
+            for s in rounds:
+                pc = sorted(glob.glob(os.path.join(args.dump, f"step{s}",
+                                                   f"{layer}.cov.rank*.f32")))
+                if len(pc) != len(covs):
+                    sys.exit(f"convergence_report: step {s} has {len(pc)} covariances of "
+                             f"{layer}, step {m} has {len(covs)}")
+                for c in pc:
+                    sk += ["--sketch-cov", c]
+            for b, plain in decays:
+                runs.append((f"decay {b:g}{' plain' if plain else ''}", b,
+                             sk + ["--geometry-decay", repr(b)] +
+                             (["--geometry-decay-plain"] if plain else [])))
+            for name, b, extra in runs:
+                js = os.path.join(args.out, f"step{m}-{layer}-{name.replace(' ', '')}.json")
+                cmd = base + extra + ["--json", js]
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    print(r.stdout, r.stderr, file=sys.stderr)
+                    sys.exit(f"convergence_report: {' '.join(cmd)} failed")
+                with open(js.replace(".json", ".txt"), "w") as fh:
+                    fh.write(" ".join(cmd) + "\n\n" + r.stdout)
+                sm = summarise(json.load(open(js)), m, layer, None if b is None else rounds[-1],
+                               rows, cols)
+                sm["geometry"] = name
+                sm["decay"] = b
+                sm["rounds"] = [] if b is None else rounds
+                full = {t[0]: t[1] for t in sm["nvfp4_curve"]}
+                sm["g4_full_whitened_ratio"] = full.get(cols)
+                summary.append(sm)
+                print(f"{layer} step {m} {name}: fp8 muon {sm['g8_muon_ratio']:.2f}x "
+                      f"whitened {sm['g8_whitened_ratio']:.2f}x, nvfp4 full "
+                      f"{sm['g4_full_whitened_ratio']:.2f}x", file=sys.stderr)
+    out = [f"GIFT on real gradients with the geometry training builds: sketches of every "
+           f"refresh step (every {args.refresh}) before the measured step, one round each, "
+           f"averaged with geometry decay B (0: the latest round only, as before; weights "
+           f"B^age normalised over the rounds seen, as giftd does, or 'plain': B every round, "
+           f"which leaves weight B^(n-1) on the first round); 'same': "
+           f"the measured step's own covariance (optimistic). Ratios against Euclidean "
+           f"fp8-e4m3 on the same data; 2 workers; default rank (full here).", "",
+           "| layer | step | geometry | last sketch | GIFT fp8 Muon err | GIFT fp8 whitened | "
+           "GIFT nvfp4 whitened (full k) | nvfp4 < Eucl. fp8 from k |",
+           "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for s in summary:
+        first = s["nvfp4_first_k_below_e8"]
+        out.append(f"| {s['layer']} {s['shape'][0]}x{s['shape'][1]} | {s['step']} | "
+                   f"{s['geometry']} | {s['sketch_step'] if s['sketch_step'] is not None else '–'}"
+                   f" | {s['g8_muon_ratio']:.2f}x | {s['g8_whitened_ratio']:.2f}x | "
+                   f"{s['g4_full_whitened_ratio']:.2f}x | {first if first else 'never'} |")
+    md = "\n".join(out) + "\n"
+    with open(os.path.join(args.out, "decay.md"), "w") as fh:
+        fh.write(md)
+    with open(os.path.join(args.out, "decay-summary.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+    print(md)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -289,8 +388,17 @@ def main():
     f.add_argument("--max-lag", type=int, default=25,
                    help="sketch from the previous dumped step only when it is at most this "
                         "many steps earlier (else from the step's own covariance)")
+    dc = sub.add_parser("decay")
+    dc.add_argument("--dump", required=True)
+    dc.add_argument("--bench", required=True)
+    dc.add_argument("--out", required=True)
+    dc.add_argument("--refresh", type=int, default=20, help="training's sketch interval")
+    dc.add_argument("--steps", default="150,299", help="measured steps (dumped)")
+    dc.add_argument("--decays", default="0,0.5,0.8,0.9",
+                    help="geometry decays to compare; a trailing 'p' (0.9p): the plain "
+                         "running average (the same decay every round)")
     args = p.parse_args()
-    (report if args.cmd == "report" else fidelity)(args)
+    {"report": report, "fidelity": fidelity, "decay": decay}[args.cmd](args)
 
 
 if __name__ == "__main__":
