@@ -38,6 +38,7 @@
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #endif
 
 #include "gift/client.h"
@@ -99,6 +100,9 @@ typedef struct cl_row {
     int nsteps; /* measured steps, per worker (the same on all) */
     double goodput[CL_MAX_WORKERS], wire[CL_MAX_WORKERS];
     double goodput_mean, goodput_min, wire_mean, p50_ms, p99_ms;
+    double cpu_w[CL_MAX_WORKERS]; /* each worker's CPU seconds per measured step */
+    double worker_cpu_ms;         /* their mean, ms per step */
+    double shard_cpu_ms;          /* all shards together, ms per step (NAN: not ours) */
     double *steps_all; /* W * nsteps step times, seconds */
     uint32_t switches; /* rank 0's epoch switches over the row */
     int sketched;      /* geometry tensors sketched at step 0 */
@@ -118,6 +122,8 @@ typedef struct cl_msg {
     uint32_t switches;   /* epochs_switched over the row (gift rows) */
     int sketched;        /* tensors sketched at the row's first step */
     double p50_s;        /* probe: median push+pull time */
+    double cpu_s;        /* this worker's CPU time (all its threads) over the measured steps */
+    double shard_cpu_s;  /* rank 0: the shards' CPU time over its measured steps; else NAN */
     long probe_n;
     char err[160];
     double step_s[CL_MAX_STEPS];
@@ -134,6 +140,10 @@ typedef struct cl_shared {
 /* Children: every process we start, killed at exit                    */
 
 static pid_t cl_children[CL_MAX_SHARDS + CL_MAX_WORKERS + 4];
+/* The shards this run started (inherited by the forked workers, which
+ * read the shards' CPU time around their measured steps). */
+static pid_t cl_shard_pids[CL_MAX_SHARDS];
+static int cl_nshard_pids;
 static volatile sig_atomic_t cl_nchildren;
 static int cl_cleanup_installed;
 
@@ -735,6 +745,8 @@ static int shard_start(const char *bin, int id, int n, int w, char *addr, size_t
         _exit(127);
     }
     child_add(pid);
+    if (cl_nshard_pids < CL_MAX_SHARDS)
+        cl_shard_pids[cl_nshard_pids++] = pid;
     close(p[1]);
     t0 = bench_now();
     /* Read up to the first newline, at most CL_READY_TIMEOUT_S. */
@@ -805,6 +817,47 @@ static void send_error(int fd, int row, int status, const char *what)
     write_all(fd, &m, sizeof m);
 }
 
+/* CPU time (user + system, all threads) of this process, in seconds. */
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+
+    if (getrusage(RUSAGE_SELF, &ru) < 0)
+        return NAN;
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+           (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+/* CPU time of the shards we started (utime + stime of /proc/PID/stat,
+ * fields 14 and 15), in seconds; NAN when there are none (--servers) or one
+ * cannot be read. Clock-tick resolution (10 ms): used over whole rows. */
+static double shards_cpu_s(void)
+{
+    double sum = 0, tick = (double)sysconf(_SC_CLK_TCK);
+
+    if (cl_nshard_pids == 0 || tick <= 0)
+        return NAN;
+    for (int i = 0; i < cl_nshard_pids; i++) {
+        char path[64], buf[1024], *q;
+        unsigned long long ut = 0, st = 0;
+        FILE *f;
+        size_t n;
+
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)cl_shard_pids[i]);
+        if ((f = fopen(path, "r")) == NULL)
+            return NAN;
+        n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        /* The command name may hold spaces: fields count from its ')'. */
+        if ((q = strrchr(buf, ')')) == NULL ||
+            sscanf(q + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+            return NAN;
+        sum += (double)(ut + st) / tick;
+    }
+    return sum;
+}
+
 /* One row on one worker: warm-up, then measured steps until --steps or the
  * shared limit. Returns 0 or a negative code (reported). */
 static int run_row(cl_worker_ctx_t *x, gift_client_t *c, int r, float **grad, float **out,
@@ -814,7 +867,7 @@ static int run_row(cl_worker_ctx_t *x, gift_client_t *c, int r, float **grad, fl
     long total = o->warmup + o->steps;
     gift_client_stats_t s0, s1;
     uint32_t base = (uint32_t)(r * x->nt);
-    double t_meas = 0, t_row = bench_now();
+    double t_meas = 0, t_row = bench_now(), cpu0 = 0, shard0 = NAN;
     int rc = 0;
 
     memset(m, 0, sizeof *m);
@@ -846,6 +899,9 @@ static int run_row(cl_worker_ctx_t *x, gift_client_t *c, int r, float **grad, fl
         if (s == o->warmup) {
             gift_client_stats(c, &s0);
             t_meas = bench_now();
+            cpu0 = self_cpu_s();
+            if (x->rank == 0)
+                shard0 = shards_cpu_s();
         }
         t0 = bench_now();
         for (int i = x->nt - 1; i >= 0; i--) { /* backward order: last layer first */
@@ -876,6 +932,8 @@ static int run_row(cl_worker_ctx_t *x, gift_client_t *c, int r, float **grad, fl
     gift_client_stats(c, &s1);
     m->switches = s1.epochs_switched - m->switches;
     m->measured_s = bench_now() - t_meas;
+    m->cpu_s = self_cpu_s() - cpu0;
+    m->shard_cpu_s = x->rank == 0 ? shards_cpu_s() - shard0 : NAN;
     m->wire_bytes = (s1.bytes_out - s0.bytes_out) + (s1.bytes_in - s0.bytes_in);
     return 0;
 }
@@ -1196,7 +1254,9 @@ static int run_workers(const cl_opts_t *o, const cl_tensor_t *list, int nt, cl_r
                                  ? (double)msg[w].wire_bytes / msg[w].measured_s / 1e9
                                  : NAN;
                 r->nsteps = n;
+                r->cpu_w[w] = msg[w].cpu_s / n;
                 if (w == 0) {
+                    r->shard_cpu_ms = 1e3 * msg[w].shard_cpu_s / n;
                     r->switches = msg[w].switches;
                     r->sketched = msg[w].sketched;
                 }
@@ -1225,9 +1285,10 @@ static int run_workers(const cl_opts_t *o, const cl_tensor_t *list, int nt, cl_r
     for (int r = 0; r < nrows; r++) {
         cl_row_t *row = &rows[r];
 
-        row->goodput_mean = row->wire_mean = 0;
+        row->goodput_mean = row->wire_mean = row->worker_cpu_ms = 0;
         row->goodput_min = INFINITY;
         for (long w = 0; w < o->workers; w++) {
+            row->worker_cpu_ms += 1e3 * row->cpu_w[w] / (double)o->workers;
             row->goodput_mean += row->goodput[w] / (double)o->workers;
             row->wire_mean += row->wire[w] / (double)o->workers;
             if (row->goodput[w] < row->goodput_min)
@@ -1361,6 +1422,8 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
         bench_json_num(&j, "wire_gbps", row->wire_mean);
         bench_json_num(&j, "step_p50_ms", row->p50_ms);
         bench_json_num(&j, "step_p99_ms", row->p99_ms);
+        bench_json_num(&j, "worker_cpu_ms_per_step", row->worker_cpu_ms);
+        bench_json_num(&j, "shards_cpu_ms_per_step", row->shard_cpu_ms);
         bench_json_arr(&j, "goodput_per_worker_gbps");
         for (long w = 0; w < o->workers; w++)
             bench_json_num(&j, NULL, row->goodput[w]);
@@ -1426,19 +1489,21 @@ static void print_report(const cl_opts_t *o, const cl_tensor_t *list, int nt, co
            o->warmup == 1 ? "" : "s", o->steps, o->row_seconds);
     printf("- goodput = fp32 bytes of the list / median step time, per worker (mean over "
            "workers); wire = client bytes_out + bytes_in / time; 1 GB = 1e9 B\n");
+    printf("- CPU ms/step: user + system time over the measured steps, all threads: each "
+           "worker's own (mean over workers) and all shards' together (n/a with --servers)\n");
     printf("- gift rows: 2-D tensors with geometry, rank %ld; each sends one sketch of random "
            "inputs at its first step; until the new epoch is in force the geometry is epoch 0 "
            "(see 'epoch switches' below the table)\n\n",
            o->k);
-    printf(
-        "| codec | transform | steps | goodput GB/s | wire GB/s | step p50 ms | step p99 ms |\n");
-    printf("|---|---|---:|---:|---:|---:|---:|\n");
+    printf("| codec | transform | steps | goodput GB/s | wire GB/s | step p50 ms | step p99 ms "
+           "| worker CPU ms/step | shards CPU ms/step |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int r = 0; r < nrows; r++) {
         const cl_row_t *row = &rows[r];
 
-        printf("| %s | %s | %d | %.2f | %.2f | %.1f | %.1f |\n", row->codec->name,
+        printf("| %s | %s | %d | %.2f | %.2f | %.1f | %.1f | %.1f | %.1f |\n", row->codec->name,
                row->gift ? "gift" : "euclidean", row->nsteps, row->goodput_mean, row->wire_mean,
-               row->p50_ms, row->p99_ms);
+               row->p50_ms, row->p99_ms, row->worker_cpu_ms, row->shard_cpu_ms);
     }
     for (int r = 0; r < nrows; r++)
         if (rows[r].gift)
@@ -1465,6 +1530,20 @@ static void print_report(const cl_opts_t *o, const cl_tensor_t *list, int nt, co
            TARGET_FP8_X_F32, verdict(t->fp8_x_f32, TARGET_FP8_X_F32, 0));
     printf("| 4 KiB push+pull p50 / raw round trip p50 | %.2fx | <= %.1fx | %s |\n", t->probe_x_rtt,
            TARGET_PROBE_X_RTT, verdict(t->probe_x_rtt, TARGET_PROBE_X_RTT, 1));
+    {
+        const cl_row_t *f32 = find_row(rows, nrows, GIFT_CODEC_F32);
+        const cl_row_t *fp8 = find_row(rows, nrows, GIFT_CODEC_FP8_E4M3);
+
+        if (f32 != NULL && fp8 != NULL && !isnan(f32->shard_cpu_ms) && !isnan(fp8->shard_cpu_ms)) {
+            double a = o->workers * f32->worker_cpu_ms + f32->shard_cpu_ms;
+            double b = o->workers * fp8->worker_cpu_ms + fp8->shard_cpu_ms;
+
+            printf("\nCPU per step, every worker and shard together: f32 %.1f ms, fp8-e4m3 %.1f ms "
+                   "(f32 / fp8 = %.2fx). Where all processes share %ld cores, the goodput ratio "
+                   "follows this CPU ratio once the cores are saturated.\n",
+                   a, b, a / b, bench_cpu_count());
+        }
+    }
     if (o->shards != 1 || o->workers != 1 || o->llama || o->mib != 64 || o->chunk_mib != 4)
         printf("\nnote: the targets are stated for 1 shard, 1 worker, one 64 MiB tensor in 4 MiB "
                "chunks; this run differs\n");
