@@ -810,6 +810,133 @@ int gift_decode_acc(const gift_codec_params_t *p, const void *payload, size_t le
     return decode_any(p, payload, len, n, acc, 1);
 }
 
+/* Elements per slice unit of a layout: slices must start on a block. */
+static size_t slice_unit(const gift_codec_params_t *p, const gift_layout_t *l)
+{
+    switch (p->fmt) {
+    case GIFT_FMT_E4M3:
+    case GIFT_FMT_E5M2:
+        return l->block;
+    case GIFT_FMT_NVFP4:
+        return GIFT_NVFP4_BLOCK;
+    default:
+        return 1;
+    }
+}
+
+/* Decodes elements [i, i + len) of a checked payload into out (acc: adds),
+ * i on a block boundary: the kernels of decode_any on a slice. */
+static void decode_slice(const gift__kernels_t *k, const gift_codec_params_t *p,
+                         const gift_layout_t *l, const uint8_t *in, size_t i, size_t len,
+                         float *out, int acc)
+{
+    switch (p->fmt) {
+    case GIFT_FMT_F32:
+        k->f32_decode((const float *)(in + l->code_off) + i, len, out, acc);
+        break;
+    case GIFT_FMT_BF16:
+        k->bf16_decode((const uint16_t *)(in + l->code_off) + i, len, out, acc);
+        break;
+    case GIFT_FMT_E4M3:
+    case GIFT_FMT_E5M2:
+        k->fp8_decode(fp8_fmt(p->fmt), (const float *)in + i / l->block, in + l->code_off + i, len,
+                      l->block, out, acc);
+        break;
+    case GIFT_FMT_NVFP4: {
+        float s_t;
+        memcpy(&s_t, in, 4);
+        k->nvfp4_decode(in + 4 + i / GIFT_NVFP4_BLOCK, s_t, in + l->code_off + i / 2, len, out,
+                        acc);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* Slice [i, i + len) of the sum: a copy of acc's slice plus the decoded
+ * payload, or the decoded payload alone (the bytes decode_any writes). */
+static void sum_slice(const gift__kernels_t *k, const gift_codec_params_t *p,
+                      const gift_layout_t *l, const uint8_t *in, const float *acc, size_t i,
+                      size_t len, float *buf)
+{
+    if (acc != NULL)
+        memcpy(buf, acc + i, len * sizeof(float));
+    decode_slice(k, p, l, in, i, len, buf, acc != NULL);
+}
+
+int gift_decode_encode_mean(const gift_codec_params_t *push, const void *payload, size_t len,
+                            const float *acc, size_t n, float scale,
+                            const gift_codec_params_t *pull, void *out, size_t cap)
+{
+    _Alignas(64) float buf[MEAN_SLICE];
+    gift_layout_t li, lo;
+    const gift__kernels_t *k = kernels();
+    const uint8_t *in = payload;
+    uint8_t *o = out;
+    int rc = 0;
+
+    if (pull == NULL || out == NULL || pull->stochastic || !(scale > 0.0f) || scale > FLT_MAX)
+        return GIFT_EINVAL;
+    if ((rc = decode_check(push, payload, len, n, &li)) < 0)
+        return rc;
+    if ((rc = gift_layout(pull, n, &lo)) < 0)
+        return rc;
+    if (MEAN_SLICE % slice_unit(push, &li) != 0 || MEAN_SLICE % slice_unit(pull, &lo) != 0)
+        return GIFT_EFORMAT;
+    if ((rc = encode_begin(pull, buf, n, out, cap, &lo)) < 0)
+        return rc;
+    if (pull->fmt == GIFT_FMT_NVFP4) {
+        /* The tensor scale from the sum's largest magnitude (as
+         * gift_encode_mean), then the sum again, scaled and encoded. */
+        uint32_t mb = 0;
+        float s_t;
+        for (size_t i = 0; i < n; i += MEAN_SLICE) {
+            size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
+            uint32_t b;
+            sum_slice(k, push, &li, in, acc, i, m, buf);
+            if ((b = k->amax_bits(buf, m)) > mb)
+                mb = b;
+        }
+        if (mb >= 0x7F800000u)
+            return GIFT_ENONFINITE;
+        s_t = (gift__u2f(mb) * scale + 0.0f) / (GIFT_E2M1_MAX * GIFT_E4M3_MAX);
+        if (!(s_t >= FLT_MIN)) {
+            memset(o, 0, lo.total);
+            return 0;
+        }
+        memcpy(o, &s_t, 4);
+        for (size_t i = 0; i < n; i += MEAN_SLICE) {
+            size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
+            sum_slice(k, push, &li, in, acc, i, m, buf);
+            k->scale(buf, m, scale, buf);
+            k->nvfp4_encode(buf, m, s_t, o + 4 + i / GIFT_NVFP4_BLOCK, o + lo.code_off + i / 2);
+        }
+        return 0;
+    }
+    for (size_t i = 0; i < n && rc == 0; i += MEAN_SLICE) {
+        size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
+        sum_slice(k, push, &li, in, acc, i, m, buf);
+        k->scale(buf, m, scale, buf);
+        switch (pull->fmt) {
+        case GIFT_FMT_F32:
+            rc = k->f32_encode(buf, m, (float *)(o + lo.code_off) + i);
+            break;
+        case GIFT_FMT_BF16:
+            rc = k->bf16_encode(buf, m, (uint16_t *)(o + lo.code_off) + i);
+            break;
+        case GIFT_FMT_E4M3:
+        case GIFT_FMT_E5M2:
+            rc = k->fp8_encode(fp8_fmt(pull->fmt), buf, m, lo.block, (float *)o + i / lo.block,
+                               o + lo.code_off + i);
+            break;
+        default:
+            rc = GIFT_EFORMAT;
+        }
+    }
+    return rc;
+}
+
 /* The rounding midpoint above a format's largest finite value: a scaled
  * |y| at or past it would have rounded to a code the format lacks. */
 static float sat_midpoint(const gift__minifmt_t *f)

@@ -133,6 +133,21 @@ int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *pa
 int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, float scale,
                      void *payload, size_t cap);
 
+/* The shard's last push of a step fused with the mean's encoding: writes to
+ * out exactly the bytes of gift_decode (acc NULL) or gift_decode_acc (onto a
+ * copy of acc) of the push payload into a sum y, followed by
+ * gift_encode_mean(pull, y, n, scale), without writing y anywhere: slice by
+ * slice, each slice decoded, scaled and encoded while in cache. acc is only
+ * read. The payload is checked whole (gift_payload_check) before out is
+ * touched. Returns 0, the codes of gift_decode and of gift_encode_mean
+ * (GIFT_ENONFINITE when the sum overflows), or GIFT_EFORMAT, out untouched,
+ * when the two layouts cannot be walked in common slices (an fp8 block that
+ * does not divide 4096): take the two-step path then. An nvfp4 pull reads
+ * the payload twice (the tensor scale needs the sum's largest magnitude). */
+int gift_decode_encode_mean(const gift_codec_params_t *push, const void *payload, size_t len,
+                            const float *acc, size_t n, float scale,
+                            const gift_codec_params_t *pull, void *out, size_t cap);
+
 /* Decodes a payload of n elements into out. Checks every scale and code first:
  * NaN/Inf codes or non-finite/negative scales give GIFT_EBADCODE and out is
  * left untouched. len is the payload size (at least layout.total - padding of

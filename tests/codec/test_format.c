@@ -2172,6 +2172,124 @@ START_TEST(test_encode_mean)
 }
 END_TEST
 
+/* gift_decode_encode_mean is gift_decode[_acc] into a sum, then
+ * gift_encode_mean of it, byte for byte: every push x pull format, SIMD
+ * path, slice boundary, with and without an accumulator; a bad payload
+ * leaves out untouched; an fp8 block that does not divide the slice is
+ * refused (GIFT_EFORMAT) for the caller's two-step path. */
+START_TEST(test_decode_encode_mean)
+{
+    static const gift_format_t fmts[] = {GIFT_FMT_F32, GIFT_FMT_BF16, GIFT_FMT_E4M3, GIFT_FMT_E5M2,
+                                         GIFT_FMT_NVFP4};
+    static const size_t ns[] = {1, 17, 4095, 4097, 12301};
+    static const float scales[] = {1.0f, 1.0f / 3.0f};
+    const size_t nf = sizeof fmts / sizeof fmts[0], nmax = 12301, cap = 4 * 12301 + 4096;
+    float *x = malloc(nmax * sizeof *x), *acc = malloc(nmax * sizeof *acc),
+          *y = malloc(nmax * sizeof *y);
+    uint8_t *pay = malloc(cap), *a = malloc(cap), *b = malloc(cap);
+    uint64_t seed = 7;
+    long compared = 0;
+    ck_assert_msg(x && acc && y && pay && a && b, "out of memory");
+    fill_varied(x, nmax, &seed);
+    fill_varied(acc, nmax, &seed);
+    for (size_t i = 0; i < nmax; i += 11)
+        acc[i] = -x[i]; /* sums of exactly zero and -0 */
+    for (int path = 0; path < 3; path++) {
+        if (gift_simd_force((gift_simd_t)path) != 0)
+            continue;
+        for (size_t fi = 0; fi < nf; fi++)
+            for (size_t fo = 0; fo < nf; fo++)
+                for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                    for (int with_acc = 0; with_acc < 2; with_acc++)
+                        for (size_t si = 0; si < 2; si++) {
+                            gift_codec_params_t pi = {.fmt = fmts[fi], .block = 32};
+                            gift_codec_params_t po = {.fmt = fmts[fo], .block = 128};
+                            gift_layout_t li, lo;
+                            size_t n = ns[ni];
+                            const float *ac = with_acc ? acc : NULL;
+                            int ra, rb;
+                            ck_assert_int_eq(gift_layout(&pi, n, &li), 0);
+                            ck_assert_int_eq(gift_layout(&po, n, &lo), 0);
+                            ck_assert_int_eq(gift_encode(&pi, x, n, pay, cap), 0);
+                            if (with_acc) {
+                                memcpy(y, acc, n * sizeof *y);
+                                ra = gift_decode_acc(&pi, pay, li.total, n, y);
+                            } else {
+                                ra = gift_decode(&pi, pay, li.total, n, y);
+                            }
+                            ck_assert_int_eq(ra, 0);
+                            memset(a, 0xA5, cap);
+                            memset(b, 0x5A, cap);
+                            ra = gift_encode_mean(&po, y, n, scales[si], a, cap);
+                            rb = gift_decode_encode_mean(&pi, pay, li.total, ac, n, scales[si], &po,
+                                                         b, cap);
+                            require_msg(ra == rb,
+                                        "%s -> %s path %d n %zu acc %d scale %g: rc %d vs %d",
+                                        gift_format_name(fmts[fi]), gift_format_name(fmts[fo]),
+                                        path, n, with_acc, (double)scales[si], ra, rb);
+                            if (ra == 0 && memcmp(a, b, lo.total) != 0) {
+                                size_t k = 0;
+                                while (a[k] == b[k])
+                                    k++;
+                                ck_abort_msg("%s -> %s path %d n %zu acc %d scale %g: byte %zu "
+                                             "of %zu: 0x%02x vs 0x%02x",
+                                             gift_format_name(fmts[fi]), gift_format_name(fmts[fo]),
+                                             path, n, with_acc, (double)scales[si], k, lo.total,
+                                             a[k], b[k]);
+                            }
+                            compared++;
+                        }
+    }
+    require_msg(compared == 3L * 5 * 5 * 5 * 2 * 2 || compared == 2L * 5 * 5 * 5 * 2 * 2 ||
+                    compared == 5L * 5 * 5 * 2 * 2,
+                "compared %ld cases", compared);
+    gift_simd_force(gift_simd_best());
+    {
+        gift_codec_params_t pi = {.fmt = GIFT_FMT_E4M3}, po = {.fmt = GIFT_FMT_E4M3};
+        gift_layout_t li;
+        const size_t n = 1000;
+        float big[1000];
+        ck_assert_int_eq(gift_layout(&pi, n, &li), 0);
+        ck_assert_int_eq(gift_encode(&pi, x, n, pay, cap), 0);
+        /* A NaN block scale: refused before out is written. */
+        memcpy(pay + 4, &(float){NAN}, 4);
+        memset(b, 0x5A, cap);
+        ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, NULL, n, 0.5f, &po, b, cap),
+                         GIFT_EBADCODE);
+        for (size_t i = 0; i < cap; i++)
+            require_msg(b[i] == 0x5A, "out byte %zu written (0x%02x) for a bad payload", i, b[i]);
+        /* A sum past FLT_MAX: GIFT_ENONFINITE, as gift_encode_mean gives. */
+        for (size_t i = 0; i < n; i++)
+            big[i] = 3e38f;
+        ck_assert_int_eq(gift_encode(&pi, big, n, pay, cap), 0);
+        ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, big, n, 0.5f, &po, b, cap),
+                         GIFT_ENONFINITE);
+        po.fmt = GIFT_FMT_NVFP4;
+        ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, big, n, 0.5f, &po, b, cap),
+                         GIFT_ENONFINITE);
+        /* A block that does not divide the slice, on either side. */
+        po.fmt = GIFT_FMT_E4M3;
+        po.block = 48;
+        ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, NULL, n, 0.5f, &po, b, cap),
+                         GIFT_EFORMAT);
+        po.block = 0;
+        po.stochastic = 1;
+        ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, NULL, n, 0.5f, &po, b, cap),
+                         GIFT_EINVAL);
+        po.stochastic = 0;
+        ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total - 64, NULL, n, 0.5f, &po, b,
+                                                 cap),
+                         GIFT_ENOSPC);
+    }
+    free(x);
+    free(acc);
+    free(y);
+    free(pay);
+    free(a);
+    free(b);
+}
+END_TEST
+
 /* Payloads arrive at any offset of a connection's read buffer: decoding from
  * an odd address must give the same floats (and no misaligned access under
  * UBSan) on every format. */
@@ -2255,6 +2373,7 @@ static Suite *format_suite(void)
     tc = tcase_create("mean");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_encode_mean);
+    tcase_add_test(tc, test_decode_encode_mean);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("unaligned");
