@@ -93,6 +93,9 @@ typedef struct slot {
      * already summed into acc (always world when count reaches world). */
     uint8_t *pay;
     uint32_t next;
+    /* The last push was summed, averaged and encoded into the step's reply
+     * in one pass (fused_rc: that encode's result); acc was not written. */
+    int fused, fused_rc;
     int64_t epoch; /* -1: no push yet */
     uint64_t t_first;
     int warned; /* the stall warning for this step was logged */
@@ -986,6 +989,20 @@ static int log_step(gift_shard_t *s, chunk_t *ch, const reply_t *r)
 
 static void maybe_checkpoint(gift_shard_t *s);
 
+/* A step's reply buffer, free of writes still sending an older step from
+ * it (those keep the old buffer). 0, or GIFT_ENOMEM with refs still > 1. */
+static int reply_writable(chunk_t *ch, reply_t *r)
+{
+    if (r->buf->refs > 1) {
+        gift_rbuf_t *nb = gift_rbuf_new(ch->pull_l.total);
+        if (nb == NULL)
+            return GIFT_ENOMEM;
+        gift_rbuf_unref(r->buf);
+        r->buf = nb;
+    }
+    return 0;
+}
+
 /* Finishes step ch->base (all world pushes summed): mean, encode into the
  * step's reply buffer, wake parked pulls, advance; repeats while the next
  * step is complete too. */
@@ -999,19 +1016,16 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         uint64_t step = ch->base;
         int rc;
 
-        if (r->buf->refs > 1) {
-            /* Writes of step - 2 still hold the buffer: leave it to them. */
-            gift_rbuf_t *nb = gift_rbuf_new(ch->pull_l.total);
-            if (nb != NULL) {
-                gift_rbuf_unref(r->buf);
-                r->buf = nb;
-            }
-        }
+        /* Writes of step - 2 still hold the buffer: leave it to them. */
+        (void)reply_writable(ch, r);
         /* The mean is acc * (1/N) + 0 (the +0 makes it the sum a zeroed
-         * accumulator would give, see handle_push). On the steps that measure
-         * boundary hits the mean is materialised in place; otherwise scaling
-         * and encoding are one cache-resident pass (the same bytes). */
-        if (r->buf->refs > 1) {
+         * accumulator would give, see handle_push). Encoded already when the
+         * last push was fused with it (add_in_order). On the steps that
+         * measure boundary hits the mean is materialised in place; otherwise
+         * scaling and encoding are one cache-resident pass (the same bytes). */
+        if (sl->fused) {
+            rc = sl->fused_rc;
+        } else if (r->buf->refs > 1) {
             rc = GIFT_ENOMEM;
         } else if (s->o.hits_every && step % s->o.hits_every == 0) {
             for (size_t i = 0; i < ch->n; i++)
@@ -1058,6 +1072,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         memset(sl->ranks, 0, s->words * sizeof(uint64_t));
         sl->count = 0;
         sl->next = 0;
+        sl->fused = 0;
         sl->epoch = -1;
         sl->t_first = 0;
         sl->warned = 0;
@@ -1077,12 +1092,44 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
     maybe_checkpoint(s);
 }
 
+/* Sums the push of rank sl->next (in rank order) into sl. The last one of a
+ * step that finish_steps finishes right after (now: it is ch->base) is
+ * fused with the mean's encoding (gift_decode_encode_mean, straight into
+ * the step's reply buffer, acc not written): the same bytes, one pass over
+ * the sum less and no write of it. Not on the steps that sample boundary
+ * hits (they read the mean from acc), nor for layouts it cannot walk
+ * (GIFT_EFORMAT: the two-step path). Returns 0 or the payload's error. */
+static int add_in_order(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, int now,
+                        const uint8_t *payload, size_t len)
+{
+    const gift_codec_params_t *cp = &ch->t->push;
+    if (now && sl->next + 1 == s->world && !(s->o.hits_every && step % s->o.hits_every == 0)) {
+        reply_t *r = &ch->reply[step & 1];
+        if (reply_writable(ch, r) == 0) {
+            int rc = gift_decode_encode_mean(cp, payload, len, sl->next == 0 ? NULL : sl->acc,
+                                             ch->n, 1.0f / (float)s->world, &ch->t->pull,
+                                             r->buf->data, r->buf->cap);
+            if (rc == GIFT_EBADCODE)
+                return rc; /* the payload: refused, as a decode would */
+            if (rc != GIFT_EFORMAT) {
+                sl->fused = 1;
+                sl->fused_rc = rc; /* 0, or the encode's (an overflowed mean) */
+                return 0;
+            }
+        }
+    }
+    if (sl->next == 0)
+        return gift_decode(cp, payload, len, ch->n, sl->acc);
+    return gift_decode_acc(cp, payload, len, ch->n, sl->acc);
+}
+
 /* Ordered aggregation of rank's push into sl (its bit is not set yet): in
  * rank order it is summed at once, followed by every kept push that now
  * follows without a gap; out of order it is validated (gift_payload_check:
- * the checks of a decode, without decoding) and kept. Returns 0, or the decode error (nothing kept). */
-static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint32_t rank,
-                       const uint8_t *payload, size_t len)
+ * the checks of a decode, without decoding) and kept. now: step is the one
+ * finish_steps finishes next. Returns 0, or the decode error (nothing kept). */
+static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, int now,
+                       uint32_t rank, const uint8_t *payload, size_t len)
 {
     const gift_codec_params_t *cp = &ch->t->push;
     int rc;
@@ -1092,17 +1139,13 @@ static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint32_t rank,
         memcpy(sl->pay + (size_t)rank * ch->pay_stride, payload, len);
         return 0;
     }
-    if (sl->next == 0)
-        rc = gift_decode(cp, payload, len, ch->n, sl->acc);
-    else
-        rc = gift_decode_acc(cp, payload, len, ch->n, sl->acc);
-    if (rc < 0)
+    if ((rc = add_in_order(s, ch, sl, step, now, payload, len)) < 0)
         return rc;
     sl->next++;
     while (sl->next < s->world && bit_get(sl->ranks, sl->next)) {
         /* Validated when it arrived. */
-        rc = gift_decode_acc(cp, sl->pay + (size_t)sl->next * ch->pay_stride, ch->push_l.total,
-                             ch->n, sl->acc);
+        rc = add_in_order(s, ch, sl, step, now, sl->pay + (size_t)sl->next * ch->pay_stride,
+                          ch->push_l.total);
         if (rc < 0)
             return rc;
         sl->next++;
@@ -1173,7 +1216,8 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                 return 0;
             }
             if (s->o.aggregate == GIFT_SHARD_ORDERED)
-                rc = ordered_add(s, ch, sl, p->rank, f->payload, f->payload_len);
+                rc = ordered_add(s, ch, sl, m->step, m->step == base, p->rank, f->payload,
+                                 f->payload_len);
             /* The first push of a step overwrites the accumulator instead of
              * adding to a cleared one: v and 0 + v differ only for v = -0,
              * and the +0 of the mean's scaling makes the bytes the same. */
