@@ -625,6 +625,45 @@ int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *pa
 
 #define MEAN_SLICE 4096 /* elements per cache-resident slice of gift_encode_mean */
 
+/* Encodes elements [i, i + len) of an f32, bf16 or fp8 payload from buf
+ * (i on a block boundary): one slice of the mean encoders. */
+static int encode_slice(const gift__kernels_t *k, const gift_codec_params_t *p,
+                        const gift_layout_t *l, const float *buf, size_t i, size_t len,
+                        uint8_t *out)
+{
+    switch (p->fmt) {
+    case GIFT_FMT_F32:
+        return k->f32_encode(buf, len, (float *)(out + l->code_off) + i);
+    case GIFT_FMT_BF16:
+        return k->bf16_encode(buf, len, (uint16_t *)(out + l->code_off) + i);
+    case GIFT_FMT_E4M3:
+    case GIFT_FMT_E5M2:
+        return k->fp8_encode(fp8_fmt(p->fmt), buf, len, l->block, (float *)out + i / l->block,
+                             out + l->code_off + i);
+    default:
+        return GIFT_EFORMAT;
+    }
+}
+
+/* An nvfp4 mean's tensor scale from the largest unscaled magnitude (bits
+ * mb): the largest scaled magnitude is the scaled largest, since rounding
+ * x * scale is monotone. Returns 1 with *s_t written to out; 0 when it is
+ * below FLT_MIN (out is then the all-zero payload, complete); or
+ * GIFT_ENONFINITE. */
+static int mean_tensor_scale(uint32_t mb, float scale, const gift_layout_t *l, uint8_t *out,
+                             float *s_t)
+{
+    if (mb >= 0x7F800000u)
+        return GIFT_ENONFINITE;
+    *s_t = (gift__u2f(mb) * scale + 0.0f) / (GIFT_E2M1_MAX * GIFT_E4M3_MAX);
+    if (!(*s_t >= FLT_MIN)) {
+        memset(out, 0, l->total);
+        return 0;
+    }
+    memcpy(out, s_t, 4);
+    return 1;
+}
+
 int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, float scale,
                      void *payload, size_t cap)
 {
@@ -647,18 +686,9 @@ int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, flo
             return GIFT_ENOMEM;
     }
     if (p->fmt == GIFT_FMT_NVFP4) {
-        /* The tensor scale: the largest scaled magnitude is the scaled
-         * largest magnitude, since rounding x * scale is monotone. */
-        uint32_t mb = k->amax_bits(x, n);
         float s_t;
-        if (mb >= 0x7F800000u)
-            return GIFT_ENONFINITE;
-        s_t = (gift__u2f(mb) * scale + 0.0f) / (GIFT_E2M1_MAX * GIFT_E4M3_MAX);
-        if (!(s_t >= FLT_MIN)) {
-            memset(out, 0, l.total);
-            return 0;
-        }
-        memcpy(out, &s_t, 4);
+        if ((rc = mean_tensor_scale(k->amax_bits(x, n), scale, &l, out, &s_t)) <= 0)
+            return rc;
         for (size_t i = 0; i < n; i += slice) {
             size_t len = n - i < slice ? n - i : slice;
             k->scale(x + i, len, scale, buf);
@@ -669,21 +699,7 @@ int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, flo
     for (size_t i = 0; i < n && rc == 0; i += slice) {
         size_t len = n - i < slice ? n - i : slice;
         k->scale(x + i, len, scale, buf);
-        switch (p->fmt) {
-        case GIFT_FMT_F32:
-            rc = k->f32_encode(buf, len, (float *)(out + l.code_off) + i);
-            break;
-        case GIFT_FMT_BF16:
-            rc = k->bf16_encode(buf, len, (uint16_t *)(out + l.code_off) + i);
-            break;
-        case GIFT_FMT_E4M3:
-        case GIFT_FMT_E5M2:
-            rc = k->fp8_encode(fp8_fmt(p->fmt), buf, len, l.block, (float *)out + i / l.block,
-                               out + l.code_off + i);
-            break;
-        default:
-            rc = GIFT_EFORMAT;
-        }
+        rc = encode_slice(k, p, &l, buf, i, len, out);
     }
     if (buf != tmp)
         free(buf);
@@ -898,14 +914,8 @@ int gift_decode_encode_mean(const gift_codec_params_t *push, const void *payload
             if ((b = k->amax_bits(buf, m)) > mb)
                 mb = b;
         }
-        if (mb >= 0x7F800000u)
-            return GIFT_ENONFINITE;
-        s_t = (gift__u2f(mb) * scale + 0.0f) / (GIFT_E2M1_MAX * GIFT_E4M3_MAX);
-        if (!(s_t >= FLT_MIN)) {
-            memset(o, 0, lo.total);
-            return 0;
-        }
-        memcpy(o, &s_t, 4);
+        if ((rc = mean_tensor_scale(mb, scale, &lo, o, &s_t)) <= 0)
+            return rc;
         for (size_t i = 0; i < n; i += MEAN_SLICE) {
             size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
             sum_slice(k, push, &li, in, acc, i, m, buf);
@@ -918,21 +928,7 @@ int gift_decode_encode_mean(const gift_codec_params_t *push, const void *payload
         size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
         sum_slice(k, push, &li, in, acc, i, m, buf);
         k->scale(buf, m, scale, buf);
-        switch (pull->fmt) {
-        case GIFT_FMT_F32:
-            rc = k->f32_encode(buf, m, (float *)(o + lo.code_off) + i);
-            break;
-        case GIFT_FMT_BF16:
-            rc = k->bf16_encode(buf, m, (uint16_t *)(o + lo.code_off) + i);
-            break;
-        case GIFT_FMT_E4M3:
-        case GIFT_FMT_E5M2:
-            rc = k->fp8_encode(fp8_fmt(pull->fmt), buf, m, lo.block, (float *)o + i / lo.block,
-                               o + lo.code_off + i);
-            break;
-        default:
-            rc = GIFT_EFORMAT;
-        }
+        rc = encode_slice(k, pull, &lo, buf, i, m, o);
     }
     return rc;
 }
