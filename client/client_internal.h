@@ -318,6 +318,9 @@ void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_
 void gift__eng_push_fail(gift_client_t *c, gift__pstate_t *ps, int rc);
 void gift__eng_push_encoded(gift_client_t *c, gift__wire_t *w);
 void gift__eng_pull_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
+/* 1 when ps's push has failed or every request on it is gone (the caller's
+ * gradient may be gone too): its step is then given up, not replayed. */
+int gift__eng_push_gone(gift__pstate_t *ps);
 
 /* ---- device.c (device_stub.c without CUDA) ---- */
 /* 0 when device is a CUDA device of this process, else GIFT_ENODEV with a

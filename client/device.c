@@ -447,12 +447,7 @@ static int run_push(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
     j->nexp = j->nrep = 0;
     j->err = 0;
     j->first_bad = UINT32_MAX;
-    if (ps->state != GIFT__PS_SENT || ps->reqs.head == NULL) {
-        /* Failed or abandoned while it waited: the gradient may be gone. */
-        if (ps->state == GIFT__PS_SENT) {
-            ps->state = GIFT__PS_IDLE;
-            ps->need_replay = 0;
-        }
+    if (gift__eng_push_gone(ps)) { /* failed or abandoned while it waited */
         gift__eng_push_encoded(c, w);
         return 0;
     }

@@ -413,6 +413,18 @@ static void send_declare(gift_client_t *c, uint32_t shard)
  * decodes chunk j while this thread encodes chunk j + 1. */
 #define GIFT__ENCODE_TURN_BYTES (1u << 20)
 
+int gift__eng_push_gone(gift__pstate_t *ps)
+{
+    if (ps->state == GIFT__PS_SENT && ps->reqs.head != NULL)
+        return 0;
+    /* Failed, or every request gone (timed out): the source may be gone. */
+    if (ps->state == GIFT__PS_SENT) {
+        ps->state = GIFT__PS_IDLE;
+        ps->need_replay = 0;
+    }
+    return 1;
+}
+
 static void stop_encoding(gift_client_t *c, gift__wire_t *w)
 {
     if (w->encoding == NULL)
@@ -438,12 +450,7 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
 
     if (ps == NULL)
         return 0;
-    if (ps->state != GIFT__PS_SENT || ps->reqs.head == NULL) {
-        /* Failed, or every request gone (timed out): the source may be gone. */
-        if (ps->state == GIFT__PS_SENT) {
-            ps->state = GIFT__PS_IDLE;
-            ps->need_replay = 0;
-        }
+    if (gift__eng_push_gone(ps)) {
         stop_encoding(c, w);
         return 0;
     }
@@ -507,6 +514,26 @@ void gift__eng_encode_more(gift_client_t *c)
     }
 }
 
+/* ps's step starts sending under epoch: nothing encoded, acked or sent yet;
+ * encp is what the chunks are encoded from (NULL on a device wire). */
+static void push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
+                       const float *encp)
+{
+    if (w->pushed_once && epoch != w->last_epoch)
+        GIFT__STAT_ADD(c, epochs_switched, 1);
+    w->last_epoch = epoch;
+    w->pushed_once = 1;
+    ps->state = GIFT__PS_SENT;
+    ps->epoch = epoch;
+    ps->need_replay = 1;
+    ps->nacked = 0;
+    ps->nenc = 0;
+    ps->encp = encp;
+    memset(ps->acked, 0, w->nchunks);
+    memset(ps->sent, 0, w->nchunks);
+    w->encoding = ps;
+}
+
 /* Transforms (geometry), adds the residual (error feedback), then encodes the
  * chunks of ps's step, a few per loop turn (encode_chunks), queueing each as
  * soon as it is encoded. A device wire does all of that on its GPU
@@ -527,19 +554,7 @@ static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, c
         epoch = G->g.epoch;
     }
     if (w->dw != NULL) {
-        if (w->pushed_once && epoch != w->last_epoch)
-            GIFT__STAT_ADD(c, epochs_switched, 1);
-        w->last_epoch = epoch;
-        w->pushed_once = 1;
-        ps->state = GIFT__PS_SENT;
-        ps->epoch = epoch;
-        ps->need_replay = 1;
-        ps->nacked = 0;
-        ps->nenc = 0;
-        ps->encp = NULL;
-        memset(ps->acked, 0, w->nchunks);
-        memset(ps->sent, 0, w->nchunks);
-        w->encoding = ps; /* not counted in nencoding: the device reports, nothing polls */
+        push_begin(c, w, ps, epoch, NULL); /* not counted in nencoding: the device reports */
         gift__dev_push(c, w, ps, src);
         return;
     }
@@ -564,19 +579,7 @@ static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, c
         gift_ef_add(&w->ef, q);
         p = q;
     }
-    if (w->pushed_once && epoch != w->last_epoch)
-        GIFT__STAT_ADD(c, epochs_switched, 1);
-    w->last_epoch = epoch;
-    w->pushed_once = 1;
-    ps->state = GIFT__PS_SENT;
-    ps->epoch = epoch;
-    ps->need_replay = 1;
-    ps->nacked = 0;
-    ps->nenc = 0;
-    ps->encp = p;
-    memset(ps->acked, 0, w->nchunks);
-    memset(ps->sent, 0, w->nchunks);
-    w->encoding = ps;
+    push_begin(c, w, ps, epoch, p);
     c->nencoding++;
     encode_chunks(c, w, GIFT__ENCODE_TURN_BYTES);
 }
