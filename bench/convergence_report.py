@@ -220,14 +220,7 @@ def fidelity(args):
                     for c in pcovs:
                         cmd += ["--sketch-cov", c]
             js = os.path.join(args.out, f"step{s}-{layer}.json")
-            cmd += ["--json", js]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                print(r.stdout, r.stderr, file=sys.stderr)
-                sys.exit(f"convergence_report: {' '.join(cmd)} failed")
-            with open(js.replace(".json", ".txt"), "w") as fh:
-                fh.write(" ".join(cmd) + "\n\n" + r.stdout)
-            summary.append(summarise(json.load(open(js)), s, layer, sk, rows, cols))
+            summary.append(summarise(run_fidelity(cmd, js), s, layer, sk, rows, cols))
         prev = s
     md = fidelity_md(summary)
     with open(os.path.join(args.out, "fidelity.md"), "w") as fh:
@@ -235,6 +228,20 @@ def fidelity(args):
     with open(os.path.join(args.out, "fidelity-summary.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
     print(md)
+
+
+def run_fidelity(cmd, js):
+    """Runs gift-bench fidelity (cmd) writing JSON to js and its table beside it
+    (.txt, the command first); exits on failure. Returns the parsed JSON."""
+    cmd = cmd + ["--json", js]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stdout, r.stderr, file=sys.stderr)
+        sys.exit(f"convergence_report: {' '.join(cmd)} failed")
+    with open(js.replace(".json", ".txt"), "w") as fh:
+        fh.write(" ".join(cmd) + "\n\n" + r.stdout)
+    with open(js) as fh:
+        return json.load(fh)
 
 
 def summarise(j, step, layer, sketch_step, nrows, ncols):
@@ -334,15 +341,8 @@ def decay(args):
                              (["--geometry-decay-plain"] if plain else [])))
             for name, b, extra in runs:
                 js = os.path.join(args.out, f"step{m}-{layer}-{name.replace(' ', '')}.json")
-                cmd = base + extra + ["--json", js]
-                r = subprocess.run(cmd, capture_output=True, text=True)
-                if r.returncode != 0:
-                    print(r.stdout, r.stderr, file=sys.stderr)
-                    sys.exit(f"convergence_report: {' '.join(cmd)} failed")
-                with open(js.replace(".json", ".txt"), "w") as fh:
-                    fh.write(" ".join(cmd) + "\n\n" + r.stdout)
-                sm = summarise(json.load(open(js)), m, layer, None if b is None else rounds[-1],
-                               rows, cols)
+                sm = summarise(run_fidelity(base + extra, js), m, layer,
+                               None if b is None else rounds[-1], rows, cols)
                 sm["geometry"] = name
                 sm["decay"] = b
                 sm["rounds"] = [] if b is None else rounds
