@@ -73,6 +73,10 @@ static uint32_t AVX2 avx2_amax_bits(const float *x, size_t n)
 static int AVX2 avx2_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
                                 float *scales, uint8_t *codes)
 {
+    /* A local copy: the code stores (char) may alias *f, which would reload
+     * it and rebuild every constant per vector. */
+    const gift__minifmt_t fl = *f;
+    f = &fl;
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         size_t len = n - b0 < block ? n - b0 : block;
         uint32_t mb = avx2_amax_bits(x + b0, len);
@@ -122,6 +126,10 @@ static inline __m256 AVX2 fp8_value8(const gift__minifmt_t *f, __m128i c8)
 static void AVX2 avx2_fp8_decode(const gift__minifmt_t *f, const float *scales,
                                  const uint8_t *codes, size_t n, size_t block, float *out, int acc)
 {
+    /* A local copy: the code stores (char) may alias *f, which would reload
+     * it and rebuild every constant per vector. */
+    const gift__minifmt_t fl = *f;
+    f = &fl;
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         size_t len = n - b0 < block ? n - b0 : block;
         const float sc = gift__ldf(scales + bi);

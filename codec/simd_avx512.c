@@ -67,6 +67,10 @@ static uint32_t AVX512 avx512_amax_bits(const float *x, size_t n)
 static int AVX512 avx512_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n,
                                     size_t block, float *scales, uint8_t *codes)
 {
+    /* A local copy: the code stores (char) may alias *f, which would reload
+     * it and rebuild every constant per vector. */
+    const gift__minifmt_t fl = *f;
+    f = &fl;
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         size_t len = n - b0 < block ? n - b0 : block;
         uint32_t mb = amax16(x + b0, len, _mm512_setzero_si512());
@@ -118,6 +122,10 @@ static void AVX512 avx512_fp8_decode(const gift__minifmt_t *f, const float *scal
                                      const uint8_t *codes, size_t n, size_t block, float *out,
                                      int acc)
 {
+    /* A local copy: the code stores (char) may alias *f, which would reload
+     * it and rebuild every constant per vector. */
+    const gift__minifmt_t fl = *f;
+    f = &fl;
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         size_t len = n - b0 < block ? n - b0 : block;
         __m512 s = _mm512_set1_ps(gift__ldf(scales + bi));
