@@ -547,7 +547,7 @@ static int fp8(gift_codec_t f)
 typedef struct fuse_class {
     gift_codec_t push, pull;
     uint32_t block;
-    int ef, sr, prio;
+    int ef, sr, prio, pef;
     uint32_t wire; /* the open bucket */
     size_t total;  /* its elements so far */
 } fuse_class_t;
@@ -676,6 +676,7 @@ static int build_declares(gift_client_t *c)
         td[i].basis_cols = w->geometry ? w->ks : 0;
         td[i].refresh = w->geometry ? w->refresh : 0;
         td[i].seed = w->seed;
+        td[i].pull_error_feedback = w->pull_ef != 0;
         tdp[i] = &td[i];
     }
     gift_digest_bytes(gift_digest_tensors(tdp, nw), c->digest);
@@ -808,7 +809,8 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
             for (size_t j = 0; j < ncls && k == NULL; j++)
                 if (cls[j].push == d[i].push_codec && cls[j].pull == d[i].pull_codec &&
                     cls[j].block == blk && cls[j].ef == (d[i].error_feedback != 0) &&
-                    cls[j].sr == (d[i].stochastic != 0) && cls[j].prio == d[i].priority)
+                    cls[j].sr == (d[i].stochastic != 0) && cls[j].prio == d[i].priority &&
+                    cls[j].pef == (d[i].pull_error_feedback != 0))
                     k = &cls[j];
             if (k == NULL) {
                 k = &cls[ncls++];
@@ -818,6 +820,7 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
                 k->ef = d[i].error_feedback != 0;
                 k->sr = d[i].stochastic != 0;
                 k->prio = d[i].priority;
+                k->pef = d[i].pull_error_feedback != 0;
                 k->wire = UINT32_MAX;
             }
             if (k->wire == UINT32_MAX || (k->total + nel) * 4 > c->chunk_bytes) {
@@ -856,6 +859,7 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
             w->pull.block = fp8(d[i].pull_codec) ? d[i].fp8_block : 0;
             w->push.stochastic = d[i].stochastic != 0;
             w->ef_on = d[i].error_feedback != 0;
+            w->pull_ef = d[i].pull_error_feedback != 0;
             w->geometry = d[i].geometry != 0;
             w->prio = d[i].priority;
             w->memory = d[i].memory;

@@ -185,6 +185,7 @@ typedef struct gift__wire {
     size_t n;
     gift_codec_params_t push, pull;
     int ef_on, geometry, prio;
+    int pull_ef; /* declared with pull_error_feedback: the shards keep the pull residual */
     uint32_t k, ks, refresh;
     uint64_t seed;
     uint32_t *members, nmembers;

@@ -234,6 +234,10 @@ def parse_args(argv=None):
     p.add_argument("--gift-min", type=int, default=4096,
                    help="GIFT only on nn.Linear weights of at least this many elements")
     p.add_argument("--no-ef", action="store_true", help="no error feedback on fp8/nvfp4 pushes")
+    p.add_argument("--no-pull-ef", action="store_true",
+                   help="no error feedback on the pulled fp8/nvfp4 mean (the shards' residual)")
+    p.add_argument("--pull-codec", choices=["f32", "bf16", "fp8-e4m3", "fp8-e5m2", "nvfp4"],
+                   help="codec of the pulled mean for every tensor (default: --comm's codec)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--out", help="folder for log.csv and summary.json (rank 0)")
     p.add_argument("--dump", help="folder for gradient/covariance dumps")
@@ -263,7 +267,10 @@ def main(argv=None):
 
     policy = gift.torch.Policy.from_comm(args.comm, refresh=args.refresh, rank=args.gift_rank,
                                          min_numel=args.gift_min,
-                                         error_feedback=False if args.no_ef else None)
+                                         error_feedback=False if args.no_ef else None,
+                                         pull_error_feedback=False if args.no_pull_ef else None,
+                                         overrides={"*": {"pull_codec": args.pull_codec}}
+                                         if args.pull_codec else None)
     state = gift.torch.GiftState(model, policy=policy, seed=args.seed)
     ddp = nn.parallel.DistributedDataParallel(model)
     ddp.register_comm_hook(state, gift.torch.comm_hook)
@@ -367,7 +374,8 @@ def main(argv=None):
     elapsed = time.perf_counter() - t_start
     stats = state.stats()
     summary = {
-        "comm": args.comm, "optim": args.optim, "seed": args.seed, "steps": args.steps,
+        "comm": args.comm, "pull_codec": args.pull_codec,
+        "pull_ef": not args.no_pull_ef, "optim": args.optim, "seed": args.seed, "steps": args.steps,
         "world": world, "params": nparams, "final_val_loss": val_loss,
         "final_train_loss": sum(r[0] for r in rows[-10:]) / min(10, len(rows)),
         "wire_bytes_per_step": sum(r[1] for r in rows[1:]) / max(1, len(rows) - 1),

@@ -38,6 +38,8 @@ uint64_t gift_digest_tensors(Gift__TensorDecl *const *t, size_t n)
                            (int)d->geometry, d->rank, d->basis_cols, d->refresh, d->seed);
         h = fnv1a(h, line, (size_t)len);
         h = fnv1a(h, d->name ? d->name : "", d->name ? strlen(d->name) : 0);
+        if (d->pull_error_feedback) /* absent from older lists: their digest is unchanged */
+            h = fnv1a(h, " pull-ef", 8);
         h = fnv1a(h, "\n", 1);
     }
     return h;

@@ -124,6 +124,11 @@ typedef struct chunk {
     reply_t reply[2]; /* reply[step & 1] for the last two finished steps */
     parked_t *parked;
     int pending; /* in s->pending: a finished step waits for the log's sync */
+    /* Pull error feedback (the tensor's pull_ef): the residual of the last
+     * finished step's mean encoding, in the coordinates of pres_epoch; n
+     * floats, allocated at declaration. NULL without pull_ef. */
+    float *pres;
+    uint32_t pres_epoch;
 } chunk_t;
 
 typedef struct epoch_rec {
@@ -139,6 +144,7 @@ struct tensor {
     Gift__Format push_fmt, pull_fmt;
     uint32_t push_block, pull_block;
     int geometry;
+    int pull_ef; /* error feedback on the pulled mean (a lossy pull codec) */
     uint32_t k, ks, refresh;
     uint64_t seed;
     chunk_t **by_id;
@@ -387,6 +393,7 @@ static void store_free(gift_shard_t *s)
             free(ch->slot[j].pay);
             gift_rbuf_unref(ch->reply[j].buf);
         }
+        free(ch->pres);
     }
     for (size_t i = 0; i < s->ntensors; i++) {
         tensor_t *t = &s->tensors[i];
@@ -591,6 +598,8 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
         t->geometry = td->geometry;
         t->seed = td->seed;
         t->refresh = td->refresh ? td->refresh : REFRESH_DEFAULT;
+        /* f32 pulls are exact: nothing to feed back. */
+        t->pull_ef = td->pull_error_feedback && t->pull.fmt != GIFT_FMT_F32;
         if (t->geometry) {
             t->k = td->rank ? td->rank : (uint32_t)gift_rank_default((int)t->rows, (int)t->cols);
             t->ks = td->basis_cols
@@ -672,6 +681,8 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
             }
             ch->slot[j].epoch = -1;
         }
+        if (ch->t->pull_ef && (ch->pres = calloc(ch->n, sizeof(float))) == NULL)
+            goto fail;
     }
     if (nc > 0 && (s->pending = calloc(nc, sizeof *s->pending)) == NULL)
         goto fail;
@@ -961,14 +972,16 @@ static void send_reply(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, const reply
 /* Appends a finished chunk step to the step log (a no-op while replaying). */
 static int log_step(gift_shard_t *s, chunk_t *ch, const reply_t *r)
 {
-    uint8_t h[28];
-    const void *parts[2];
-    size_t lens[2];
+    uint8_t h[28], pe[4];
+    const void *parts[4];
+    size_t lens[4];
+    int nparts = 2;
     gift_ckpt_buf_t b = {0};
     int rc;
     if (s->replaying)
         return 0;
-    /* key, chunk, step, epoch, err, then the reply bytes. */
+    /* key, chunk, step, epoch, err, reply length, the reply bytes; with pull
+     * error feedback then the residual's epoch and the residual. */
     b.p = h;
     b.cap = sizeof h;
     gift_ckpt_put_u32(&b, ch->t->key);
@@ -981,13 +994,50 @@ static int log_step(gift_shard_t *s, chunk_t *ch, const reply_t *r)
     lens[0] = b.len;
     parts[1] = r->buf->data;
     lens[1] = r->err ? 0 : ch->pull_l.total;
-    if ((rc = log_append(s, GIFT_LOG_STEP, parts, lens, 2, !s->o.group_commit)) < 0)
+    if (ch->pres != NULL) {
+        /* Pull error feedback: the residual after this step, so a replay
+         * of the log resumes it (its epoch, then n floats). */
+        gift_ckpt_buf_t eb = {.p = pe, .cap = sizeof pe};
+        gift_ckpt_put_u32(&eb, ch->pres_epoch);
+        parts[2] = pe;
+        lens[2] = sizeof pe;
+        parts[3] = ch->pres;
+        lens[3] = ch->n * sizeof(float);
+        nparts = 4;
+    }
+    if ((rc = log_append(s, GIFT_LOG_STEP, parts, lens, nparts, !s->o.group_commit)) < 0)
         GIFT_LOG_ERROR(0, "tensor %u chunk %u step %" PRIu64 " is not durable: its pulls fail "
                        "with %s", ch->t->key, ch->id, r->step, gift_strerror(GIFT_EIO));
     return rc;
 }
 
 static void maybe_checkpoint(gift_shard_t *s);
+
+/* Pull error feedback: encodes v = mean + residual into the reply and keeps
+ * v - decode(encode(v)) as the next step's residual. The residual belongs
+ * to the coordinates of one geometry epoch; a step of another epoch starts
+ * from zero (non-owner shards hold no geometry to rebase it with). acc ends
+ * holding v. On an encode error (an overflowed mean) the residual is kept. */
+static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv)
+{
+    const tensor_t *t = ch->t;
+    uint32_t epoch = sl->epoch < 0 ? 0 : (uint32_t)sl->epoch;
+    float *acc = sl->acc, *e = ch->pres;
+    int rc;
+    if (ch->pres_epoch != epoch) {
+        memset(e, 0, ch->n * sizeof *e);
+        ch->pres_epoch = epoch;
+    }
+    for (size_t i = 0; i < ch->n; i++)
+        acc[i] = (acc[i] * inv + 0.0f) + e[i];
+    if ((rc = gift_encode(&t->pull, acc, ch->n, r->buf->data, r->buf->cap)) < 0)
+        return rc;
+    if ((rc = gift_decode(&t->pull, r->buf->data, ch->pull_l.total, ch->n, e)) < 0)
+        return rc;
+    for (size_t i = 0; i < ch->n; i++)
+        e[i] = acc[i] - e[i];
+    return 0;
+}
 
 /* A step's reply buffer, free of writes still sending an older step from
  * it (those keep the old buffer). 0, or GIFT_ENOMEM with refs still > 1. */
@@ -1027,6 +1077,8 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
             rc = sl->fused_rc;
         } else if (r->buf->refs > 1) {
             rc = GIFT_ENOMEM;
+        } else if (ch->pres != NULL) {
+            rc = encode_mean_ef(ch, sl, r, inv);
         } else if (s->o.hits_every && step % s->o.hits_every == 0) {
             for (size_t i = 0; i < ch->n; i++)
                 sl->acc[i] = sl->acc[i] * inv + 0.0f;
@@ -1097,13 +1149,15 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
  * fused with the mean's encoding (gift_decode_encode_mean, straight into
  * the step's reply buffer, acc not written): the same bytes, one pass over
  * the sum less and no write of it. Not on the steps that sample boundary
- * hits (they read the mean from acc), nor for layouts it cannot walk
- * (GIFT_EFORMAT: the two-step path). Returns 0 or the payload's error. */
+ * hits (they read the mean from acc), nor with pull error feedback
+ * (encode_mean_ef), nor for layouts it cannot walk (GIFT_EFORMAT: the
+ * two-step path). Returns 0 or the payload's error. */
 static int add_in_order(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, int now,
                         const uint8_t *payload, size_t len)
 {
     const gift_codec_params_t *cp = &ch->t->push;
-    if (now && sl->next + 1 == s->world && !(s->o.hits_every && step % s->o.hits_every == 0)) {
+    if (now && sl->next + 1 == s->world && ch->pres == NULL &&
+        !(s->o.hits_every && step % s->o.hits_every == 0)) {
         reply_t *r = &ch->reply[step & 1];
         if (reply_writable(ch, r) == 0) {
             int rc = gift_decode_encode_mean(cp, payload, len, sl->next == 0 ? NULL : sl->acc,
@@ -1933,6 +1987,10 @@ static int snapshot_build(gift_shard_t *s, uint64_t gen, gift_ckpt_buf_t *b)
             gift_ckpt_put_u32(b, r->epoch);
             gift_ckpt_put_blob(b, r->buf->data, has ? ch->pull_l.total : 0);
         }
+        if (ch->pres != NULL) { /* pull error feedback (the declaration says so) */
+            gift_ckpt_put_u32(b, ch->pres_epoch);
+            gift_ckpt_put_blob(b, ch->pres, ch->n * sizeof(float));
+        }
     }
     for (size_t i = 0; i < s->ntensors; i++) {
         const tensor_t *t = &s->tensors[i];
@@ -2098,6 +2156,19 @@ static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char 
             memcpy(r->buf->data, p, n);
             r->buf->len = ch->pull_l.total;
         }
+        if (ch->pres != NULL) {
+            const uint8_t *p;
+            ch->pres_epoch = gift_ckpt_get_u32(&c);
+            p = gift_ckpt_get_blob(&c, &n, ch->n * sizeof(float));
+            if (c.err)
+                goto short_body;
+            if (n != ch->n * sizeof(float)) {
+                snprintf(err, errlen, "the pull residual of tensor %u chunk %u has %zu bytes, "
+                                      "not %zu", key, id, n, ch->n * sizeof(float));
+                return GIFT_EIO;
+            }
+            memcpy(ch->pres, p, n);
+        }
     }
     for (size_t i = 0; i < s->ntensors; i++) {
         tensor_t *t = &s->tensors[i];
@@ -2214,8 +2285,10 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
         uint32_t epoch = gift_ckpt_get_u32(&c), e = gift_ckpt_get_u32(&c);
         uint32_t n = gift_ckpt_get_u32(&c);
         chunk_t *ch = find_chunk(s, key, id);
+        size_t extra = ch != NULL && ch->pres != NULL ? 4 + ch->n * sizeof(float) : 0;
         reply_t *r;
-        if (c.err || ch == NULL || (e == 0 && n != ch->pull_l.total) || c.len - c.off != n) {
+        if (c.err || ch == NULL || (e == 0 && n != ch->pull_l.total) ||
+            c.len - c.off != n + extra) {
             snprintf(x->err, x->errlen, "a step record of tensor %u chunk %u does not fit the "
                                         "declaration", key, id);
             return GIFT_EIO;
@@ -2235,6 +2308,11 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
         r->epoch = epoch;
         memcpy(r->buf->data, body + c.off, n);
         r->buf->len = ch->pull_l.total;
+        if (ch->pres != NULL) {
+            c.off += n;
+            ch->pres_epoch = gift_ckpt_get_u32(&c);
+            memcpy(ch->pres, body + c.off, ch->n * sizeof(float));
+        }
         ch->started = 1;
         ch->base = step + 1;
         return 0;

@@ -98,7 +98,7 @@ class Tensor:
 
     def __init__(self, name, rows, cols, codec="f32", pull_codec=None, geometry=False, rank=0,
                  refresh=0, fp8_block=0, error_feedback=False, stochastic=False, priority=0,
-                 device=None):
+                 device=None, pull_error_feedback=False):
         self.name = str(name)
         self.rows, self.cols = int(rows), int(cols)
         self.push_codec = codec_of(codec)
@@ -108,6 +108,7 @@ class Tensor:
         self.error_feedback, self.stochastic = bool(error_feedback), bool(stochastic)
         self.priority = int(priority)
         self.device = _device_index(device)
+        self.pull_error_feedback = bool(pull_error_feedback)
 
     @property
     def memory(self):
@@ -317,6 +318,7 @@ class Client:
                 int(t.stochastic), t.priority
             d.memory = t.memory
             d.device = t.device if t.device is not None else 0
+            d.pull_error_feedback = int(t.pull_error_feedback)
         _lib.check(_lib.lib.gift_declare(self._handle(), arr, len(tensors)), "gift_declare")
         self.tensors = tensors
 

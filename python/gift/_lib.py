@@ -65,6 +65,7 @@ class _TensorDesc(ctypes.Structure):
         ("priority", ctypes.c_int),
         ("memory", ctypes.c_int),  # GIFT_MEMORY_HOST (0) or GIFT_MEMORY_CUDA (1)
         ("device", ctypes.c_int),  # the CUDA device ordinal of a GIFT_MEMORY_CUDA tensor
+        ("pull_error_feedback", ctypes.c_int),  # the shards keep the pulled mean's residual
     ]
 
 

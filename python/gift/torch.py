@@ -65,14 +65,16 @@ def _shape2d(p):
 class Policy:
     """Per-tensor settings. codec applies to every tensor (push and pull);
     gift turns the geometry on for nn.Linear weights with cols >= min_cols
-    and numel >= min_numel. error_feedback None means on for fp8 and nvfp4.
+    and numel >= min_numel. error_feedback None means on for fp8 and nvfp4;
+    pull_error_feedback (the shards' residual of the pulled mean) None means
+    the same, by the pull codec.
     overrides: {pattern: {field: value}} with the fields of gift.Tensor
     (codec, pull_codec, geometry, rank, refresh, fp8_block, error_feedback,
-    stochastic, priority), applied in order to names matching pattern."""
+    stochastic, priority, pull_error_feedback), applied in order to names matching pattern."""
 
     def __init__(self, codec="f32", gift=False, min_numel=16384, min_cols=64, rank=0,
                  refresh=50, fp8_block=0, error_feedback=None, stochastic=False,
-                 overrides=None):
+                 overrides=None, pull_error_feedback=None):
         self.codec = codec
         self.gift = gift
         self.min_numel, self.min_cols = min_numel, min_cols
@@ -80,6 +82,7 @@ class Policy:
         if error_feedback is None:
             error_feedback = _lossy(codec)
         self.error_feedback = error_feedback
+        self.pull_error_feedback = pull_error_feedback
         self.stochastic = stochastic
         self.overrides = dict(overrides or {})
 
@@ -102,6 +105,10 @@ class Policy:
         for pattern, fields in self.overrides.items():
             if fnmatch.fnmatchcase(name, pattern):
                 d.update(fields)
+        if "pull_error_feedback" not in d:
+            pef = self.pull_error_feedback
+            d["pull_error_feedback"] = (_lossy(d.get("pull_codec") or d["codec"])
+                                        if pef is None else pef)
         return d
 
 

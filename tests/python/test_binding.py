@@ -83,6 +83,37 @@ def test_push_then_pull_and_callbacks(cluster):
         assert 0 < rel < 0.1, rel
 
 
+def test_pull_error_feedback(cluster):
+    """pull_error_feedback: the shards carry the residual of the nvfp4-encoded
+    mean into the next step, so over T steps of one constant gradient the sum
+    of the pulled means is off by about one step's rounding, not T of them
+    (without it every step rounds the same way and the errors add up). Each
+    pulled mean stays an nvfp4 value of the mean: per-step error of the same
+    order either way. Two shards, so the residual lives on both."""
+    steps = 40
+    with _client(cluster) as c:
+        c.declare([gift.Tensor("plain", 64, 256, codec="f32", pull_codec="nvfp4"),
+                   gift.Tensor("ef", 64, 256, codec="f32", pull_codec="nvfp4",
+                               pull_error_feedback=True)])
+        g = np.random.default_rng(7).standard_normal((64, 256)).astype(np.float32)
+        sums = [np.zeros_like(g, dtype=np.float64) for _ in range(2)]
+        step_err = [[], []]
+        out = np.empty_like(g)
+        for step in range(steps):
+            for i in range(2):
+                assert c.push_pull(i, step, g, out).wait() == 0
+                sums[i] += out
+                step_err[i].append(float(np.linalg.norm(out - g) / np.linalg.norm(g)))
+        gn = np.linalg.norm(g) * steps
+        drift = [float(np.linalg.norm(sm - steps * g.astype(np.float64)) / gn) for sm in sums]
+        # plain: T equal roundings (relL2 of nvfp4 ~0.1); ef: one step's worth over T
+        assert drift[0] > 0.05, f"plain nvfp4 pull drift {drift[0]:.4f} (expected ~0.1)"
+        assert drift[1] < drift[0] / 10, \
+            f"pull EF drift {drift[1]:.5f} not below a tenth of plain {drift[0]:.5f}"
+        assert max(step_err[1]) < 3 * max(step_err[0]), \
+            f"pull EF per-step relL2 up to {max(step_err[1]):.4f}, plain {max(step_err[0]):.4f}"
+
+
 def _raises(code, fn, *a):
     with pytest.raises(gift.GiftError) as e:
         fn(*a)

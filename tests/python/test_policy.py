@@ -18,12 +18,20 @@ def test_default_policy_and_overrides():
     assert p("norm.weight", norm.weight, norm)["geometry"] is False
     d = p("big.weight", big.weight, big)
     assert d["codec"] == "nvfp4" and d["error_feedback"] is True
+    assert d["pull_error_feedback"] is True
     assert gift.torch.Policy.from_comm("f32")("big.weight", big.weight, big) == dict(
         codec="f32", geometry=False, rank=0, refresh=0, fp8_block=0, error_feedback=False,
-        stochastic=False)
+        stochastic=False, pull_error_feedback=False)
     o = gift.torch.Policy.from_comm("fp8-gift", overrides={"big.*": {"geometry": False},
-                                                           "*.bias": {"codec": "f32"}})
+                                                           "*.bias": {"codec": "f32"},
+                                                           "small.weight": {"pull_codec": "f32"}})
     assert o("big.weight", big.weight, big)["geometry"] is False
     assert o("small.bias", small.bias, small)["codec"] == "f32"
+    # pull error feedback follows the pull codec unless set
+    assert o("small.bias", small.bias, small)["pull_error_feedback"] is False
+    assert o("small.weight", small.weight, small)["pull_error_feedback"] is False
+    assert o("big.weight", big.weight, big)["pull_error_feedback"] is True
+    n = gift.torch.Policy.from_comm("fp8", pull_error_feedback=False)
+    assert n("big.weight", big.weight, big)["pull_error_feedback"] is False
     with pytest.raises(ValueError):
         gift.torch.Policy.from_comm("fp16")

@@ -393,6 +393,9 @@ static const cdesc_t STD_C[] = {{0, 0, 0, 7},  {1, 0, 0, 5}, {2, 0, 0, 9}, {3, 0
 #define STD_NT (sizeof STD_T / sizeof STD_T[0])
 #define STD_NC (sizeof STD_C / sizeof STD_C[0])
 
+/* Keys (bit k) declared with pull_error_feedback by tensor_decls. */
+static uint64_t g_pull_ef;
+
 /* The list this shard was declared with (for the helpers below). */
 static const tdesc_t *g_t;
 static size_t g_nt;
@@ -441,6 +444,7 @@ static void tensor_decls(const tdesc_t *t, size_t nt, Gift__TensorDecl *td, Gift
         td[i].basis_cols = t[i].basis_cols;
         td[i].refresh = t[i].refresh;
         td[i].seed = t[i].seed;
+        td[i].pull_error_feedback = t[i].key < 64 && ((g_pull_ef >> t[i].key) & 1);
         tdp[i] = &td[i];
     }
 }
@@ -920,6 +924,7 @@ static void fx_teardown(void)
 {
     shard_close();
     g_eager = 0;
+    g_pull_ef = 0;
 }
 
 static void fx_std_eager(void)
@@ -3096,6 +3101,149 @@ START_TEST(test_persist_round_trip)
 }
 END_TEST
 
+/* Pull error feedback: lossy pull codecs (nvfp4, fp8 with an odd block,
+ * bf16), pushes in f32 and fp8, one tensor in two chunks; key 3 is declared
+ * without it (its means must stay those of reference()). */
+static const tdesc_t PEF_T[] = {
+    {0, "pef.nvfp4", 6, 40, F32, 0, NVFP4, 0, 0, 0, 0, 0, 0},
+    {1, "pef.e4m3", 5, 37, E4M3, 32, E4M3, 32, 0, 0, 0, 0, 0},
+    {2, "pef.split", 10, 16, F32, 0, NVFP4, 0, 0, 0, 0, 0, 0},
+    {3, "pef.off", 4, 40, F32, 0, NVFP4, 0, 0, 0, 0, 0, 0},
+    {4, "pef.bf16", 3, 50, F32, 0, BF16, 0, 0, 0, 0, 0, 0},
+};
+static const cdesc_t PEF_C[] = {{0, 0, 0, 6}, {1, 0, 0, 5}, {2, 0, 0, 4}, {2, 1, 4, 6},
+                                {3, 0, 0, 4}, {4, 0, 0, 3}};
+#define PEF_NT (sizeof PEF_T / sizeof PEF_T[0])
+#define PEF_NC (sizeof PEF_C / sizeof PEF_C[0])
+#define PEF_MASK 0x17u /* keys 0, 1, 2, 4 */
+
+static void pef_declare(void)
+{
+    g_pull_ef = PEF_MASK;
+    hello_all();
+    for (int r = 0; r < W; r++)
+        DECLARE_OK(&P[r], PEF_T, PEF_NT, PEF_C, PEF_NC);
+}
+
+/* The reference of pull error feedback for one chunk, step by step: the
+ * shard's mean m (rank order, * 1/W + 0) plus the residual e, encoded with
+ * the pull codec; e becomes v - decode(encode(v)). Starts from e = 0. */
+typedef struct pef_ref {
+    float *e[PEF_NC];
+} pef_ref_t;
+
+static uint8_t *pef_reference(pef_ref_t *st, size_t ci, uint64_t v, size_t *len)
+{
+    const cdesc_t *c = &PEF_C[ci];
+    const tdesc_t *t = tensor_of(c->key);
+    size_t n = chunk_n(c);
+    gift_codec_params_t pp = params_of(t->push_fmt, t->push_block);
+    gift_codec_params_t qp = params_of(t->pull_fmt, t->pull_block);
+    float *acc = calloc(n, sizeof *acc), *dec = malloc(n * sizeof *dec);
+    uint8_t *out;
+    ck_assert(acc && dec);
+    if (st->e[ci] == NULL)
+        ck_assert_ptr_nonnull(st->e[ci] = calloc(n, sizeof(float)));
+    for (int r = 0; r < W; r++) {
+        float *x = grad(c->key, c->chunk, (uint32_t)r, v);
+        size_t plen;
+        uint8_t *b = encode(&pp, x, n, &plen);
+        ck_assert_int_eq(gift_decode_acc(&pp, b, plen, n, acc), 0);
+        free(b);
+        free(x);
+    }
+    for (size_t j = 0; j < n; j++)
+        acc[j] = (acc[j] * (1.0f / (float)W) + 0.0f) + st->e[ci][j];
+    out = encode(&qp, acc, n, len);
+    ck_assert_int_eq(gift_decode(&qp, out, *len, n, dec), 0);
+    for (size_t j = 0; j < n; j++)
+        st->e[ci][j] = acc[j] - dec[j];
+    free(acc);
+    free(dec);
+    return out;
+}
+
+/* Step `step` (data set step) of every PEF chunk from every rank, pulled
+ * on rank step % W and checked byte for byte against the EF reference
+ * (key 3: against reference(), no feedback). Returns how many chunks'
+ * replies differ from the reply without feedback. */
+static int pef_step(pef_ref_t *st, uint64_t step, int line)
+{
+    int differs = 0;
+    for (size_t ci = 0; ci < PEF_NC; ci++) {
+        const cdesc_t *c = &PEF_C[ci];
+        fake_t *fp = &P[step % W];
+        size_t len, plen;
+        uint8_t *want = c->key == 3 ? reference(c->key, c->chunk, step, NULL, W, &len, NULL, NULL)
+                                    : pef_reference(st, ci, step, &len);
+        uint8_t *plain = reference(c->key, c->chunk, step, NULL, W, &plen, NULL, NULL);
+        sent_t *rep;
+        uint64_t q;
+        for (int r = 0; r < W; r++)
+            push_grad_at(&P[r], c->key, c->chunk, step, 0, (uint32_t)r, step, 0, line);
+        q = pull_at(fp, c->key, c->chunk, step, line);
+        rep = expect_reply_at(fp, c->key, c->chunk, step, 0, q, line);
+        expect_bytes_at(rep, want, len, line);
+        differs += plen != len || memcmp(plain, want, len) != 0;
+        QUIET_ALL();
+        io_release(fp);
+        free(want);
+        free(plain);
+    }
+    return differs;
+}
+
+static void pef_ref_free(pef_ref_t *st)
+{
+    for (size_t ci = 0; ci < PEF_NC; ci++)
+        free(st->e[ci]);
+}
+
+/* Every step's reply is the EF reference's, byte for byte, and from the
+ * second step on the lossy EF chunks' replies differ from plain ones (the
+ * residual is really added); f32 pulls ignore the flag (see shard.c). */
+START_TEST(test_pull_ef)
+{
+    pef_ref_t st = {{0}};
+    int d0, later = 0;
+    pef_declare();
+    d0 = pef_step(&st, 0, __LINE__);
+    ck_assert_msg(d0 == 0, "step 0 (zero residual): %d replies differ from plain ones", d0);
+    for (uint64_t step = 1; step < 6; step++)
+        later += pef_step(&st, step, __LINE__);
+    /* 5 chunks with feedback x 5 steps; bf16's residual can round to the same
+     * codes now and then, so ask for most, not all. */
+    ck_assert_msg(later >= 20, "only %d of 25 EF replies differ from plain ones", later);
+    pef_ref_free(&st);
+}
+END_TEST
+
+/* The residual is durable like the replies: a shard killed after step 9
+ * (checkpoint at 8, step 9 in the log) resumes with it, so steps 10-13 are
+ * the uninterrupted run's bytes; again after an on-demand checkpoint. */
+START_TEST(test_persist_pull_ef)
+{
+    pef_ref_t st = {{0}};
+    char why[512];
+    persist_open_ok(4, 0);
+    pef_declare();
+    for (uint64_t step = 0; step < 10; step++)
+        pef_step(&st, step, __LINE__);
+    persist_open_ok(4, 1);
+    ck_assert_msg(C()->restored_step == 10, "restored step %" PRIu64, C()->restored_step);
+    pef_declare();
+    for (uint64_t step = 10; step < 12; step++)
+        pef_step(&st, step, __LINE__);
+    ck_assert_int_eq(gift_shard_checkpoint(S, why, sizeof why), 0);
+    persist_open_ok(4, 1);
+    ck_assert_msg(C()->restored_step == 12, "restored step %" PRIu64, C()->restored_step);
+    pef_declare();
+    for (uint64_t step = 12; step < 14; step++)
+        pef_step(&st, step, __LINE__);
+    pef_ref_free(&st);
+}
+END_TEST
+
 /* A sketch round cut by a kill (two of four sketches in) continues after the
  * restore, the replayed sketches are duplicates, and the epoch it builds is
  * the one an uninterrupted round builds; the published epoch survives the
@@ -3446,6 +3594,7 @@ static Suite *shard_suite(void)
     tcase_add_test(hello, test_server_messages_from_client);
     tcase_add_test(hello, test_hello_digest);
     tcase_add_test(hello, test_reject);
+    tcase_add_test(hello, test_pull_ef); /* declares a list of its own */
     suite_add_tcase(s, hello);
 
     tcase_add_checked_fixture(declare, fx_hello, fx_teardown);
@@ -3511,6 +3660,7 @@ static Suite *shard_suite(void)
     tcase_set_timeout(persist, 60);
     tcase_add_test(persist, test_persist_round_trip);
     tcase_add_test(persist, test_persist_geometry);
+    tcase_add_test(persist, test_persist_pull_ef);
     tcase_add_test(persist, test_persist_geometry_decay);
     tcase_add_test(persist, test_persist_corrupt);
     tcase_add_test(persist, test_persist_group_commit);

@@ -111,9 +111,16 @@ typedef struct gift_tensor_desc {
      * built against an older header passes a smaller size and gets host). */
     int memory;            /* GIFT_MEMORY_HOST (0) or GIFT_MEMORY_CUDA (1) */
     int device;            /* GIFT_MEMORY_CUDA: the CUDA device ordinal of its buffers */
+    /* Error feedback on the pulled mean (added in 0.1 after device): with a
+     * lossy pull codec (fp8, nvfp4) the shards keep the residual of each
+     * step's mean encoding and add it to the next step's mean, so the pulled
+     * means' rounding errors cancel over steps instead of adding up. Costs
+     * the shards 4 bytes per element; reset when a geometry epoch changes.
+     * Every worker must declare the same value (part of the cluster digest). */
+    int pull_error_feedback;
 } gift_tensor_desc_t;
 
-#define GIFT_TENSOR_INIT {sizeof(gift_tensor_desc_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define GIFT_TENSOR_INIT {sizeof(gift_tensor_desc_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* Memory kinds of gift_tensor_desc_t.memory. */
 #define GIFT_MEMORY_HOST 0
