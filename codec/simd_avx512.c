@@ -64,40 +64,66 @@ static uint32_t AVX512 avx512_amax_bits(const float *x, size_t n)
     return amax16(x + i, n - i, m0);
 }
 
+/* Codes of one block of len elements scaled by inv. */
+static inline void AVX512 fp8_block_codes(const gift__minifmt_t *f, const float *xb, size_t len,
+                                          float inv, uint8_t *cb)
+{
+    const __m512 vinv = _mm512_set1_ps(inv);
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        __m512 v = _mm512_loadu_ps(xb + i);
+        _mm_storeu_si128((__m128i *)(cb + i), _mm512_cvtepi32_epi8(cvt16(f, _mm512_mul_ps(v, vinv))));
+    }
+    if (i < len) {
+        __mmask16 m = tail_mask(len - i);
+        __m512 v = _mm512_maskz_loadu_ps(m, xb + i);
+        __m128i c = _mm512_cvtepi32_epi8(cvt16(f, _mm512_mul_ps(v, vinv)));
+        _mm_mask_storeu_epi8(cb + i, m, c);
+    }
+}
+
+/* Blocks are taken FP8_GROUP at a time: first every block's amax and its
+ * two divisions, then every block's codes, so the serial part of a block
+ * (reduction, divisions) overlaps the others instead of stalling each. */
+#define FP8_GROUP 8
+
 static int AVX512 avx512_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n,
                                     size_t block, float *scales, uint8_t *codes)
 {
     /* A local copy: the code stores (char) may alias *f, which would reload
      * it and rebuild every constant per vector. */
     const gift__minifmt_t fl = *f;
+    const size_t nb = (n + block - 1) / block;
     f = &fl;
-    for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
-        size_t len = n - b0 < block ? n - b0 : block;
-        uint32_t mb = amax16(x + b0, len, _mm512_setzero_si512());
-        float amax = gift__u2f(mb), scale, inv;
-        if (mb >= 0x7F800000u)
+    for (size_t g0 = 0; g0 < nb; g0 += FP8_GROUP) {
+        size_t gn = nb - g0 < FP8_GROUP ? nb - g0 : FP8_GROUP, bad = gn;
+        float inv[FP8_GROUP];
+        for (size_t j = 0; j < gn; j++) {
+            size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
+            uint32_t mb = amax16(x + b0, len, _mm512_setzero_si512());
+            float amax = gift__u2f(mb), scale;
+            if (mb >= 0x7F800000u) {
+                bad = j;
+                break;
+            }
+            scale = amax / f->fmax;
+            if (!(scale >= FLT_MIN)) {
+                scales[g0 + j] = 0.0f;
+                inv[j] = 0.0f; /* all-zero codes */
+                continue;
+            }
+            scales[g0 + j] = scale;
+            inv[j] = f->fmax / amax;
+        }
+        for (size_t j = 0; j < bad; j++) {
+            size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
+            if (inv[j] == 0.0f)
+                memset(codes + b0, 0, len);
+            else
+                fp8_block_codes(f, x + b0, len, inv[j], codes + b0);
+        }
+        if (bad < gn)
             return GIFT_ENONFINITE;
-        scale = amax / f->fmax;
-        if (!(scale >= FLT_MIN)) {
-            scales[bi] = 0.0f;
-            memset(codes + b0, 0, len);
-            continue;
-        }
-        scales[bi] = scale;
-        inv = f->fmax / amax;
-        __m512 vinv = _mm512_set1_ps(inv);
-        size_t i = 0;
-        for (; i + 16 <= len; i += 16) {
-            __m512 v = _mm512_loadu_ps(x + b0 + i);
-            _mm_storeu_si128((__m128i *)(codes + b0 + i),
-                             _mm512_cvtepi32_epi8(cvt16(f, _mm512_mul_ps(v, vinv))));
-        }
-        if (i < len) {
-            __mmask16 m = tail_mask(len - i);
-            __m512 v = _mm512_maskz_loadu_ps(m, x + b0 + i);
-            __m128i c = _mm512_cvtepi32_epi8(cvt16(f, _mm512_mul_ps(v, vinv)));
-            _mm_mask_storeu_epi8(codes + b0 + i, m, c);
-        }
     }
     return 0;
 }
