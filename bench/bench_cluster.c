@@ -84,6 +84,7 @@ typedef struct cl_opts {
     const char *servers; /* NULL: start our own shards */
     uint64_t step0;
     uint64_t seed;
+    int pull_ef; /* --pull-ef: every row tensor declared with pull_error_feedback */
 } cl_opts_t;
 
 /* One tensor of the base list (the same list is declared once per row). */
@@ -256,7 +257,7 @@ void bench_cluster_usage(FILE *f)
             "                          [--codecs LIST] [--transforms LIST] [--k K]\n"
             "                          [--row-seconds X] [--rtt-iters N] [--stream-reps N]\n"
             "                          [--giftd PATH] [--servers host:port,...] [--step0 N]\n"
-            "                          [--seed S] [--json FILE]\n"
+            "                          [--seed S] [--pull-ef] [--json FILE]\n"
             "\n"
             "End-to-end throughput of giftd on loopback. Starts S shards (giftd --port 0)\n"
             "and W worker processes; each worker opens a gift client, declares the tensor\n"
@@ -295,6 +296,9 @@ void bench_cluster_usage(FILE *f)
             "                    the next step of each tensor, so run the bench once per\n"
             "                    fresh cluster\n"
             "  --seed S          seed of the gradients (default 1)\n"
+            "  --pull-ef         declare the rows' tensors with pull_error_feedback (the\n"
+            "                    shards keep the residual of each step's encoded mean;\n"
+            "                    no effect on f32 rows)\n"
             "  --json FILE       write results here (default %s/cluster.json)\n"
             "  --help            this text\n",
             TARGET_WIRE_X_RAW, TARGET_FP8_X_F32, TARGET_PROBE_X_RTT, CL_MAX_STEPS, GIFTD_BIN,
@@ -327,6 +331,10 @@ static int parse_opts(int argc, char **argv, cl_opts_t *o)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             bench_cluster_usage(stdout);
             return 1;
+        }
+        if (strcmp(a, "--pull-ef") == 0) {
+            o->pull_ef = 1;
+            continue;
         }
         if (strcmp(a, "--shards") == 0)
             lp = &o->shards, lo = 1, hi = CL_MAX_SHARDS;
@@ -1039,6 +1047,7 @@ static void worker_main(cl_worker_ctx_t *x)
              * its members are pushed. Rows run one at a time, so each row gets a
              * priority of its own and fuses only within itself. */
             t.priority = r + 1;
+            t.pull_error_feedback = o->pull_ef;
             if (x->rows[r].gift && t.rows > 1 && t.cols > (uint32_t)o->k) {
                 t.geometry = 1;
                 t.rank = (uint32_t)o->k;
@@ -1384,6 +1393,7 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
     bench_json_int(&j, "max_steps", o->steps);
     bench_json_num(&j, "row_seconds", o->row_seconds);
     bench_json_int(&j, "gift_rank", o->k);
+    bench_json_int(&j, "pull_error_feedback", o->pull_ef);
     bench_json_int(&j, "gift_sketch_rows", CL_SKETCH_ROWS);
     bench_json_int(&j, "gift_refresh", CL_REFRESH);
     bench_json_obj(&j, "raw_tcp");
@@ -1495,6 +1505,9 @@ static void print_report(const cl_opts_t *o, const cl_tensor_t *list, int nt, co
            "inputs at its first step; until the new epoch is in force the geometry is epoch 0 "
            "(see 'epoch switches' below the table)\n\n",
            o->k);
+    if (o->pull_ef)
+        printf("- --pull-ef: the rows' tensors have pull error feedback (the shards keep "
+               "each step's residual of the encoded mean)\n\n");
     printf("| codec | transform | steps | goodput GB/s | wire GB/s | step p50 ms | step p99 ms "
            "| worker CPU ms/step | shards CPU ms/step |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");

@@ -434,8 +434,22 @@ static void scalar_scale(const float *x, size_t n, float scale, float *dst)
         dst[i] = gift__ldf(x + i) * scale + 0.0f;
 }
 
+static void scalar_scale_add(const float *x, const float *e, size_t n, float scale, float *dst)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (gift__ldf(x + i) * scale + 0.0f) + gift__ldf(e + i);
+}
+
+static void scalar_sub(const float *a, const float *b, size_t n, float *dst)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = gift__ldf(a + i) - gift__ldf(b + i);
+}
+
 const gift__kernels_t gift__kernels_scalar = {
     .scale = scalar_scale,
+    .scale_add = scalar_scale_add,
+    .sub = scalar_sub,
     .fp8_encode = scalar_fp8_encode,
     .fp8_decode = scalar_fp8_decode,
     .byte_has_mask = scalar_byte_has_mask,
@@ -879,6 +893,74 @@ static void sum_slice(const gift__kernels_t *k, const gift_codec_params_t *p,
     if (acc != NULL)
         memcpy(buf, acc + i, len * sizeof(float));
     decode_slice(k, p, l, in, i, len, buf, acc != NULL);
+}
+
+/* v = x * scale + 0 + e over [i, i + len) into buf. */
+static void mean_plus_residual(const gift__kernels_t *k, const float *x, const float *e, size_t i,
+                               size_t len, float scale, float *buf)
+{
+    k->scale_add(x + i, e + i, len, scale, buf);
+}
+
+int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, float scale,
+                        float *e, void *payload, size_t cap)
+{
+    _Alignas(64) float v[MEAN_SLICE], d[MEAN_SLICE];
+    gift_layout_t l;
+    const gift__kernels_t *k = kernels();
+    uint8_t *out = payload;
+    int rc = 0;
+
+    if (p == NULL || e == NULL || p->stochastic || !(scale > 0.0f) || scale > FLT_MAX)
+        return GIFT_EINVAL;
+    if ((rc = gift_layout(p, n, &l)) < 0)
+        return rc;
+    if (MEAN_SLICE % slice_unit(p, &l) != 0)
+        return GIFT_EFORMAT;
+    if ((rc = encode_begin(p, x, n, payload, cap, &l)) < 0)
+        return rc;
+    if (p->fmt == GIFT_FMT_NVFP4) {
+        uint32_t mb = 0;
+        float s_t;
+        for (size_t i = 0; i < n; i += MEAN_SLICE) {
+            size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
+            uint32_t b;
+            mean_plus_residual(k, x, e, i, m, scale, v);
+            if ((b = k->amax_bits(v, m)) > mb)
+                mb = b;
+        }
+        if (mb >= 0x7F800000u) {
+            memset(e, 0, n * sizeof *e);
+            return GIFT_ENONFINITE;
+        }
+        s_t = gift__u2f(mb) / (GIFT_E2M1_MAX * GIFT_E4M3_MAX);
+        if (!(s_t >= FLT_MIN)) {
+            /* All codes zero: the residual becomes v itself. */
+            memset(out, 0, l.total);
+            for (size_t i = 0; i < n; i += MEAN_SLICE) {
+                size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
+                mean_plus_residual(k, x, e, i, m, scale, v);
+                memcpy(e + i, v, m * sizeof *e);
+            }
+            return 0;
+        }
+        memcpy(out, &s_t, 4);
+    }
+    for (size_t i = 0; i < n; i += MEAN_SLICE) {
+        size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
+        mean_plus_residual(k, x, e, i, m, scale, v);
+        if (p->fmt == GIFT_FMT_NVFP4) {
+            float s_t;
+            memcpy(&s_t, out, 4);
+            k->nvfp4_encode(v, m, s_t, out + 4 + i / GIFT_NVFP4_BLOCK, out + l.code_off + i / 2);
+        } else if ((rc = encode_slice(k, p, &l, v, i, m, out)) < 0) {
+            memset(e, 0, n * sizeof *e);
+            return rc;
+        }
+        decode_slice(k, p, &l, out, i, m, d, 0);
+        k->sub(v, d, m, e + i);
+    }
+    return 0;
 }
 
 int gift_decode_encode_mean(const gift_codec_params_t *push, const void *payload, size_t len,

@@ -133,6 +133,18 @@ int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *pa
 int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, float scale,
                      void *payload, size_t cap);
 
+/* The mean with error feedback (the shard's pull_error_feedback): with
+ * v_i = (x_i * scale + 0.0f) + e_i, writes the bytes gift_encode gives for v
+ * and sets e_i = v_i - decode(those bytes)_i, slice by slice while each slice
+ * is in cache (x read once, e read and written once; nvfp4 reads both twice,
+ * its tensor scale needs v's largest magnitude). Round to nearest only;
+ * scale positive and finite. Returns 0, GIFT_ENONFINITE when v overflows (e
+ * is then all zeros: the step failed and its residual is dropped), or
+ * GIFT_EFORMAT with nothing written for an fp8 block that does not divide
+ * 4096 (compute it in passes then). */
+int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, float scale,
+                        float *e, void *payload, size_t cap);
+
 /* The shard's last push of a step fused with the mean's encoding: writes to
  * out exactly the bytes of gift_decode (acc NULL) or gift_decode_acc (onto a
  * copy of acc) of the push payload into a sum y, followed by

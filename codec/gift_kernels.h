@@ -64,6 +64,10 @@ typedef struct gift__kernels {
     void (*bf16_decode)(const uint16_t *codes, size_t n, float *out, int acc);
     /* dst[i] = x[i] * scale + 0.0f (gift_encode_mean's scaling). */
     void (*scale)(const float *x, size_t n, float scale, float *dst);
+    /* dst[i] = (x[i] * scale + 0.0f) + e[i] and dst[i] = a[i] - b[i]
+     * (gift_encode_mean_ef: the mean plus the residual, the new residual). */
+    void (*scale_add)(const float *x, const float *e, size_t n, float scale, float *dst);
+    void (*sub)(const float *a, const float *b, size_t n, float *dst);
     /* f32: copies x to out; returns GIFT_ENONFINITE if any is NaN/Inf. */
     int (*f32_encode)(const float *x, size_t n, float *out);
     void (*f32_decode)(const float *codes, size_t n, float *out, int acc);

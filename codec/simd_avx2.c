@@ -345,8 +345,31 @@ static void AVX2 avx2_scale(const float *x, size_t n, float scale, float *dst)
         dst[i] = gift__ldf(x + i) * scale + 0.0f;
 }
 
+static void AVX2 avx2_scale_add(const float *x, const float *e, size_t n, float scale, float *dst)
+{
+    const __m256 s = _mm256_set1_ps(scale), z = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s), z);
+        _mm256_storeu_ps(dst + i, _mm256_add_ps(y, _mm256_loadu_ps(e + i)));
+    }
+    for (; i < n; i++)
+        dst[i] = (gift__ldf(x + i) * scale + 0.0f) + gift__ldf(e + i);
+}
+
+static void AVX2 avx2_sub(const float *a, const float *b, size_t n, float *dst)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_sub_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    for (; i < n; i++)
+        dst[i] = gift__ldf(a + i) - gift__ldf(b + i);
+}
+
 static const gift__kernels_t kernels_avx2 = {
     .scale = avx2_scale,
+    .scale_add = avx2_scale_add,
+    .sub = avx2_sub,
     .fp8_encode = avx2_fp8_encode,
     .fp8_decode = avx2_fp8_decode,
     .byte_has_mask = avx2_byte_has_mask,

@@ -380,8 +380,38 @@ static void AVX512 avx512_scale(const float *x, size_t n, float scale, float *ds
     }
 }
 
+static void AVX512 avx512_scale_add(const float *x, const float *e, size_t n, float scale,
+                                    float *dst)
+{
+    const __m512 s = _mm512_set1_ps(scale), z = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 y = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), s), z);
+        _mm512_storeu_ps(dst + i, _mm512_add_ps(y, _mm512_loadu_ps(e + i)));
+    }
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 y = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), s), z);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, e + i)));
+    }
+}
+
+static void AVX512 avx512_sub(const float *a, const float *b, size_t n, float *dst)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_sub_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, a + i),
+                                                        _mm512_maskz_loadu_ps(m, b + i)));
+    }
+}
+
 static const gift__kernels_t kernels_avx512 = {
     .scale = avx512_scale,
+    .scale_add = avx512_scale_add,
+    .sub = avx512_sub,
     .fp8_encode = avx512_fp8_encode,
     .fp8_decode = avx512_fp8_decode,
     .byte_has_mask = avx512_byte_has_mask,

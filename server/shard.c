@@ -1014,11 +1014,14 @@ static int log_step(gift_shard_t *s, chunk_t *ch, const reply_t *r)
 static void maybe_checkpoint(gift_shard_t *s);
 
 /* Pull error feedback: encodes v = mean + residual into the reply and keeps
- * v - decode(encode(v)) as the next step's residual. The residual belongs
- * to the coordinates of one geometry epoch; a step of another epoch starts
- * from zero (non-owner shards hold no geometry to rebase it with). acc ends
- * holding v. On an encode error (an overflowed mean) the residual is kept. */
-static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv)
+ * v - decode(encode(v)) as the next step's residual (gift_encode_mean_ef,
+ * slice by slice in cache). The residual belongs to the coordinates of one
+ * geometry epoch; a step of another epoch starts from zero (non-owner shards
+ * hold no geometry to rebase it with). On the steps that sample boundary
+ * hits (hits: they read v from acc), or for an fp8 block the slices cannot
+ * walk, the same arithmetic in passes over acc, which ends holding v. On an
+ * encode error (an overflowed mean) the residual is dropped (zeroed). */
+static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv, int hits)
 {
     const tensor_t *t = ch->t;
     uint32_t epoch = sl->epoch < 0 ? 0 : (uint32_t)sl->epoch;
@@ -1028,12 +1031,16 @@ static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv)
         memset(e, 0, ch->n * sizeof *e);
         ch->pres_epoch = epoch;
     }
+    if (!hits && (rc = gift_encode_mean_ef(&t->pull, acc, ch->n, inv, e, r->buf->data,
+                                           r->buf->cap)) != GIFT_EFORMAT)
+        return rc;
     for (size_t i = 0; i < ch->n; i++)
         acc[i] = (acc[i] * inv + 0.0f) + e[i];
-    if ((rc = gift_encode(&t->pull, acc, ch->n, r->buf->data, r->buf->cap)) < 0)
+    if ((rc = gift_encode(&t->pull, acc, ch->n, r->buf->data, r->buf->cap)) < 0 ||
+        (rc = gift_decode(&t->pull, r->buf->data, ch->pull_l.total, ch->n, e)) < 0) {
+        memset(e, 0, ch->n * sizeof *e);
         return rc;
-    if ((rc = gift_decode(&t->pull, r->buf->data, ch->pull_l.total, ch->n, e)) < 0)
-        return rc;
+    }
     for (size_t i = 0; i < ch->n; i++)
         e[i] = acc[i] - e[i];
     return 0;
@@ -1078,7 +1085,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         } else if (r->buf->refs > 1) {
             rc = GIFT_ENOMEM;
         } else if (ch->pres != NULL) {
-            rc = encode_mean_ef(ch, sl, r, inv);
+            rc = encode_mean_ef(ch, sl, r, inv, s->o.hits_every && step % s->o.hits_every == 0);
         } else if (s->o.hits_every && step % s->o.hits_every == 0) {
             for (size_t i = 0; i < ch->n; i++)
                 sl->acc[i] = sl->acc[i] * inv + 0.0f;

@@ -2177,6 +2177,113 @@ END_TEST
  * path, slice boundary, with and without an accumulator; a bad payload
  * leaves out untouched; an fp8 block that does not divide the slice is
  * refused (GIFT_EFORMAT) for the caller's two-step path. */
+/* gift_encode_mean_ef gives the bytes and the residual of the passes it
+ * replaces (the shard's reference): v = (x * scale + 0) + e, gift_encode(v),
+ * e = v - gift_decode(...), on every SIMD path, format, size around the
+ * slice, both fp8 blocks that divide 4096, over three steps (the residual
+ * feeds the next); an all-zero nvfp4 mean keeps e = v; an fp8 block that
+ * does not divide 4096 gives GIFT_EFORMAT with nothing written; an
+ * overflowing v gives GIFT_ENONFINITE and a zeroed residual. */
+START_TEST(test_encode_mean_ef)
+{
+    static const gift_format_t fmts[] = {GIFT_FMT_BF16, GIFT_FMT_E4M3, GIFT_FMT_E5M2,
+                                         GIFT_FMT_NVFP4, GIFT_FMT_F32};
+    static const size_t ns[] = {1, 17, 4095, 4097, 12301};
+    static const uint32_t blocks[] = {32, 128};
+    const size_t nmax = 12301, cap = 4 * 12301 + 4096;
+    float *x = malloc(nmax * sizeof *x), *ea = malloc(nmax * sizeof *ea),
+          *eb = malloc(nmax * sizeof *eb), *v = malloc(nmax * sizeof *v);
+    uint8_t *a = malloc(cap), *b = malloc(cap);
+    uint64_t seed = 11;
+    long compared = 0;
+    ck_assert_msg(x && ea && eb && v && a && b, "out of memory");
+    fill_varied(x, nmax, &seed);
+    for (int path = 0; path < 3; path++) {
+        if (gift_simd_force((gift_simd_t)path) != 0)
+            continue;
+        for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++)
+            for (size_t bi = 0; bi < 2; bi++)
+                for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                    gift_codec_params_t p = {.fmt = fmts[fi], .block = blocks[bi]};
+                    gift_layout_t l;
+                    size_t n = ns[ni];
+                    const float scale = 1.0f / 3.0f;
+                    ck_assert_int_eq(gift_layout(&p, n, &l), 0);
+                    memset(ea, 0, n * sizeof *ea);
+                    memset(eb, 0, n * sizeof *eb);
+                    for (int step = 0; step < 3; step++) {
+                        int ra, rb;
+                        for (size_t i = 0; i < n; i++)
+                            v[i] = (x[(i * 7 + (size_t)step) % n] * scale + 0.0f) + ea[i];
+                        memset(a, 0xA5, cap);
+                        memset(b, 0x5A, cap);
+                        ra = gift_encode(&p, v, n, a, cap);
+                        ck_assert_int_eq(ra, 0);
+                        ck_assert_int_eq(gift_decode(&p, a, l.total, n, ea), 0);
+                        for (size_t i = 0; i < n; i++) {
+                            float t = v[i];
+                            v[i] = x[(i * 7 + (size_t)step) % n]; /* this step's input */
+                            ea[i] = t - ea[i];
+                        }
+                        rb = gift_encode_mean_ef(&p, v, n, scale, eb, b, cap);
+                        require_msg(rb == 0, "%s block %u path %d n %zu step %d: rc %d",
+                                    gift_format_name(p.fmt), p.block, path, n, step, rb);
+                        if (memcmp(a, b, l.total) != 0) {
+                            size_t k = 0;
+                            while (a[k] == b[k])
+                                k++;
+                            ck_abort_msg("%s block %u path %d n %zu step %d: byte %zu of %zu: "
+                                         "0x%02x vs 0x%02x", gift_format_name(p.fmt), p.block,
+                                         path, n, step, k, l.total, a[k], b[k]);
+                        }
+                        for (size_t i = 0; i < n; i++)
+                            if (memcmp(&ea[i], &eb[i], sizeof(float)) != 0)
+                                ck_abort_msg("%s block %u path %d n %zu step %d: residual %zu "
+                                             "%.9g vs %.9g", gift_format_name(p.fmt), p.block,
+                                             path, n, step, i, (double)ea[i], (double)eb[i]);
+                        compared++;
+                    }
+                }
+    }
+    gift_simd_force(gift_simd_best());
+    ck_assert_msg(compared >= 2 * 5 * 5 * 3, "only %ld comparisons", compared);
+    {
+        /* nvfp4 of an all-zero mean: zero payload, e = v. */
+        gift_codec_params_t p = {.fmt = GIFT_FMT_NVFP4};
+        float z[40] = {0}, e[40];
+        for (int i = 0; i < 40; i++)
+            e[i] = (float)i * 1e-40f; /* subnormal: s_t below FLT_MIN */
+        ck_assert_int_eq(gift_encode_mean_ef(&p, z, 40, 0.5f, e, a, cap), 0);
+        for (int i = 0; i < 40; i++)
+            require_msg(e[i] == (float)i * 1e-40f, "e[%d] = %g", i, (double)e[i]);
+        /* an fp8 block that does not divide 4096: nothing written */
+        p.fmt = GIFT_FMT_E4M3;
+        p.block = 96;
+        memset(a, 0x77, 64);
+        ck_assert_int_eq(gift_encode_mean_ef(&p, x, 300, 0.5f, eb, a, cap), GIFT_EFORMAT);
+        ck_assert_msg(a[0] == 0x77 && a[63] == 0x77, "EFORMAT wrote the payload");
+        /* overflow: ENONFINITE, residual dropped */
+        p.block = 32;
+        for (int i = 0; i < 64; i++)
+            e[i % 40] = 1.0f;
+        z[5] = FLT_MAX;
+        e[5] = FLT_MAX;
+        ck_assert_int_eq(gift_encode_mean_ef(&p, z, 40, 1.0f, e, a, cap), GIFT_ENONFINITE);
+        for (int i = 0; i < 40; i++)
+            require_msg(e[i] == 0.0f, "e[%d] = %g after an overflow", i, (double)e[i]);
+        /* bad arguments */
+        ck_assert_int_eq(gift_encode_mean_ef(&p, z, 40, 0.0f, e, a, cap), GIFT_EINVAL);
+        ck_assert_int_eq(gift_encode_mean_ef(&p, z, 40, 1.0f, NULL, a, cap), GIFT_EINVAL);
+    }
+    free(x);
+    free(ea);
+    free(eb);
+    free(v);
+    free(a);
+    free(b);
+}
+END_TEST
+
 START_TEST(test_decode_encode_mean)
 {
     static const gift_format_t fmts[] = {GIFT_FMT_F32, GIFT_FMT_BF16, GIFT_FMT_E4M3, GIFT_FMT_E5M2,
@@ -2374,6 +2481,7 @@ static Suite *format_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_encode_mean);
     tcase_add_test(tc, test_decode_encode_mean);
+    tcase_add_test(tc, test_encode_mean_ef);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("unaligned");
