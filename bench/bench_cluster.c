@@ -85,6 +85,7 @@ typedef struct cl_opts {
     uint64_t step0;
     uint64_t seed;
     int pull_ef; /* --pull-ef: every row tensor declared with pull_error_feedback */
+    int ef;      /* --ef: every row tensor declared with error_feedback */
 } cl_opts_t;
 
 /* One tensor of the base list (the same list is declared once per row). */
@@ -257,7 +258,7 @@ void bench_cluster_usage(FILE *f)
             "                          [--codecs LIST] [--transforms LIST] [--k K]\n"
             "                          [--row-seconds X] [--rtt-iters N] [--stream-reps N]\n"
             "                          [--giftd PATH] [--servers host:port,...] [--step0 N]\n"
-            "                          [--seed S] [--pull-ef] [--json FILE]\n"
+            "                          [--seed S] [--ef] [--pull-ef] [--json FILE]\n"
             "\n"
             "End-to-end throughput of giftd on loopback. Starts S shards (giftd --port 0)\n"
             "and W worker processes; each worker opens a gift client, declares the tensor\n"
@@ -296,6 +297,8 @@ void bench_cluster_usage(FILE *f)
             "                    the next step of each tensor, so run the bench once per\n"
             "                    fresh cluster\n"
             "  --seed S          seed of the gradients (default 1)\n"
+            "  --ef              declare the rows' tensors with error_feedback (the worker\n"
+            "                    keeps each push's residual; no effect on f32 rows)\n"
             "  --pull-ef         declare the rows' tensors with pull_error_feedback (the\n"
             "                    shards keep the residual of each step's encoded mean;\n"
             "                    no effect on f32 rows)\n"
@@ -334,6 +337,10 @@ static int parse_opts(int argc, char **argv, cl_opts_t *o)
         }
         if (strcmp(a, "--pull-ef") == 0) {
             o->pull_ef = 1;
+            continue;
+        }
+        if (strcmp(a, "--ef") == 0) {
+            o->ef = 1;
             continue;
         }
         if (strcmp(a, "--shards") == 0)
@@ -1048,6 +1055,7 @@ static void worker_main(cl_worker_ctx_t *x)
              * priority of its own and fuses only within itself. */
             t.priority = r + 1;
             t.pull_error_feedback = o->pull_ef;
+            t.error_feedback = o->ef;
             if (x->rows[r].gift && t.rows > 1 && t.cols > (uint32_t)o->k) {
                 t.geometry = 1;
                 t.rank = (uint32_t)o->k;
@@ -1394,6 +1402,7 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
     bench_json_num(&j, "row_seconds", o->row_seconds);
     bench_json_int(&j, "gift_rank", o->k);
     bench_json_int(&j, "pull_error_feedback", o->pull_ef);
+    bench_json_int(&j, "error_feedback", o->ef);
     bench_json_int(&j, "gift_sketch_rows", CL_SKETCH_ROWS);
     bench_json_int(&j, "gift_refresh", CL_REFRESH);
     bench_json_obj(&j, "raw_tcp");
@@ -1505,6 +1514,9 @@ static void print_report(const cl_opts_t *o, const cl_tensor_t *list, int nt, co
            "inputs at its first step; until the new epoch is in force the geometry is epoch 0 "
            "(see 'epoch switches' below the table)\n\n",
            o->k);
+    if (o->ef)
+        printf("- --ef: the rows' tensors have push error feedback (the worker keeps each "
+               "push's residual)\n\n");
     if (o->pull_ef)
         printf("- --pull-ef: the rows' tensors have pull error feedback (the shards keep "
                "each step's residual of the encoded mean)\n\n");

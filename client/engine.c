@@ -480,8 +480,7 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
                 fail_ps(c, ps, rc);
                 return done;
             }
-            for (size_t i = 0; i < ch->n; i++)
-                e[i] = pc[i] - e[i];
+            gift_vec_sub(pc, e, ch->n, e);
         }
         ps->nenc = j + 1;
         done += ch->n * sizeof(float);

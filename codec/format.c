@@ -895,6 +895,18 @@ static void sum_slice(const gift__kernels_t *k, const gift_codec_params_t *p,
     decode_slice(k, p, l, in, i, len, buf, acc != NULL);
 }
 
+void gift_vec_add(float *p, const float *e, size_t n)
+{
+    if (n > 0)
+        kernels()->f32_decode(e, n, p, 1); /* p[i] = p[i] + e[i] */
+}
+
+void gift_vec_sub(const float *a, const float *b, size_t n, float *dst)
+{
+    if (n > 0)
+        kernels()->sub(a, b, n, dst);
+}
+
 /* v = x * scale + 0 + e over [i, i + len) into buf. */
 static void mean_plus_residual(const gift__kernels_t *k, const float *x, const float *e, size_t i,
                                size_t len, float scale, float *buf)

@@ -698,24 +698,22 @@ void gift_ef_free(gift_ef_t *ef)
 
 void gift_ef_add(const gift_ef_t *ef, float *p)
 {
-    size_t i, n;
+    size_t n;
 
     if (ef == NULL || ef->e == NULL || p == NULL)
         return;
     n = (size_t)ef->rows * ef->din;
-    for (i = 0; i < n; i++)
-        p[i] += ef->e[i];
+    gift_vec_add(p, ef->e, n);
 }
 
 void gift_ef_update(gift_ef_t *ef, const float *p, const float *decoded)
 {
-    size_t i, n;
+    size_t n;
 
     if (ef == NULL || ef->e == NULL || p == NULL || decoded == NULL)
         return;
     n = (size_t)ef->rows * ef->din;
-    for (i = 0; i < n; i++)
-        ef->e[i] = p[i] - decoded[i];
+    gift_vec_sub(p, decoded, n, ef->e);
 }
 
 void gift_ef_reset(gift_ef_t *ef, uint32_t epoch)

@@ -133,6 +133,12 @@ int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *pa
 int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, float scale,
                      void *payload, size_t cap);
 
+/* p[i] += e[i], and dst[i] = a[i] - b[i] (dst may be a or b): the float
+ * operations of error feedback, on the SIMD path (same results as the plain
+ * loops: one IEEE add or subtract per element). */
+void gift_vec_add(float *p, const float *e, size_t n);
+void gift_vec_sub(const float *a, const float *b, size_t n, float *dst);
+
 /* The mean with error feedback (the shard's pull_error_feedback): with
  * v_i = (x_i * scale + 0.0f) + e_i, writes the bytes gift_encode gives for v
  * and sets e_i = v_i - decode(those bytes)_i, slice by slice while each slice
