@@ -112,7 +112,7 @@ typedef struct gift_tensor_desc {
     int memory;            /* GIFT_MEMORY_HOST (0) or GIFT_MEMORY_CUDA (1) */
     int device;            /* GIFT_MEMORY_CUDA: the CUDA device ordinal of its buffers */
     /* Error feedback on the pulled mean (added in 0.1 after device): with a
-     * lossy pull codec (fp8, nvfp4) the shards keep the residual of each
+     * lossy pull codec (bf16, fp8, nvfp4) the shards keep the residual of each
      * step's mean encoding and add it to the next step's mean, so the pulled
      * means' rounding errors cancel over steps instead of adding up. Costs
      * the shards 4 bytes per element; reset when a geometry epoch changes.
