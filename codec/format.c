@@ -907,13 +907,6 @@ void gift_vec_sub(const float *a, const float *b, size_t n, float *dst)
         kernels()->sub(a, b, n, dst);
 }
 
-/* v = x * scale + 0 + e over [i, i + len) into buf. */
-static void mean_plus_residual(const gift__kernels_t *k, const float *x, const float *e, size_t i,
-                               size_t len, float scale, float *buf)
-{
-    k->scale_add(x + i, e + i, len, scale, buf);
-}
-
 int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, float scale,
                         float *e, void *payload, size_t cap)
 {
@@ -921,6 +914,7 @@ int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, 
     gift_layout_t l;
     const gift__kernels_t *k = kernels();
     uint8_t *out = payload;
+    float s_t = 0.0f; /* nvfp4: the tensor scale of v; 0 when every code is zero */
     int rc = 0;
 
     if (p == NULL || e == NULL || p->stochastic || !(scale > 0.0f) || scale > FLT_MAX)
@@ -932,12 +926,12 @@ int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, 
     if ((rc = encode_begin(p, x, n, payload, cap, &l)) < 0)
         return rc;
     if (p->fmt == GIFT_FMT_NVFP4) {
+        /* v's largest magnitude first (v = x * scale + 0 + e, slice by slice). */
         uint32_t mb = 0;
-        float s_t;
         for (size_t i = 0; i < n; i += MEAN_SLICE) {
             size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
             uint32_t b;
-            mean_plus_residual(k, x, e, i, m, scale, v);
+            k->scale_add(x + i, e + i, m, scale, v);
             if ((b = k->amax_bits(v, m)) > mb)
                 mb = b;
         }
@@ -946,25 +940,20 @@ int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, 
             return GIFT_ENONFINITE;
         }
         s_t = gift__u2f(mb) / (GIFT_E2M1_MAX * GIFT_E4M3_MAX);
-        if (!(s_t >= FLT_MIN)) {
-            /* All codes zero: the residual becomes v itself. */
+        if (s_t >= FLT_MIN) {
+            memcpy(out, &s_t, 4);
+        } else {
+            s_t = 0.0f; /* the all-zero payload: the residual becomes v */
             memset(out, 0, l.total);
-            for (size_t i = 0; i < n; i += MEAN_SLICE) {
-                size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
-                mean_plus_residual(k, x, e, i, m, scale, v);
-                memcpy(e + i, v, m * sizeof *e);
-            }
-            return 0;
         }
-        memcpy(out, &s_t, 4);
     }
     for (size_t i = 0; i < n; i += MEAN_SLICE) {
         size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
-        mean_plus_residual(k, x, e, i, m, scale, v);
+        k->scale_add(x + i, e + i, m, scale, v);
         if (p->fmt == GIFT_FMT_NVFP4) {
-            float s_t;
-            memcpy(&s_t, out, 4);
-            k->nvfp4_encode(v, m, s_t, out + 4 + i / GIFT_NVFP4_BLOCK, out + l.code_off + i / 2);
+            if (s_t > 0.0f)
+                k->nvfp4_encode(v, m, s_t, out + 4 + i / GIFT_NVFP4_BLOCK,
+                                out + l.code_off + i / 2);
         } else if ((rc = encode_slice(k, p, &l, v, i, m, out)) < 0) {
             memset(e, 0, n * sizeof *e);
             return rc;

@@ -256,8 +256,7 @@ static inline int gift__cpu_ef_add(void *ctx, const float *e, size_t n, float *p
     (void)ctx;
     if ((e == NULL || p == NULL) && n > 0)
         return GIFT_EINVAL;
-    for (size_t i = 0; i < n; i++)
-        p[i] += e[i];
+    gift_vec_add(p, e, n);
     return 0;
 }
 
@@ -267,8 +266,7 @@ static inline int gift__cpu_ef_update(void *ctx, const float *p, const float *de
     (void)ctx;
     if ((p == NULL || decoded == NULL || e == NULL) && n > 0)
         return GIFT_EINVAL;
-    for (size_t i = 0; i < n; i++)
-        e[i] = p[i] - decoded[i];
+    gift_vec_sub(p, decoded, n, e);
     return 0;
 }
 

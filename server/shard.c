@@ -1041,8 +1041,7 @@ static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv, int hi
         memset(e, 0, ch->n * sizeof *e);
         return rc;
     }
-    for (size_t i = 0; i < ch->n; i++)
-        e[i] = acc[i] - e[i];
+    gift_vec_sub(acc, e, ch->n, e);
     return 0;
 }
 
