@@ -434,6 +434,37 @@ static void stop_encoding(gift_client_t *c, gift__wire_t *w)
     c->rescan = 1;
 }
 
+/* Encodes chunk ch of ps's push with error feedback: with v = p + e (p the
+ * push's input, e the chunk's residual), the bytes gift_encode gives for v,
+ * and e = v - decode(those bytes). One cache-resident pass over p and e
+ * (gift_encode_mean_ef with scale 1: v = (p * 1 + 0) + e, the value of
+ * p + e; only a zero's sign can differ, -0 + -0 giving +0, and the residual
+ * does not). v is written out only where that pass does not go (stochastic
+ * rounding, an fp8 block over 4096), into the push's scratch. After a failed
+ * encode the chunk's residual is unspecified (all zeros after a non-finite
+ * input on the one-pass path). Returns 0 or the encode's error. */
+static int encode_ef(gift__wire_t *w, gift__pstate_t *ps, const gift_codec_params_t *cp,
+                     const gift__chunk_t *ch, uint8_t *pay)
+{
+    float *e = w->ef.e + ch->off, *q;
+    const float *pc = ps->encp + ch->off;
+    int rc = GIFT_EFORMAT;
+
+    if (!cp->stochastic)
+        rc = gift_encode_mean_ef(cp, pc, ch->n, 1.0f, e, pay, ch->push_l.total);
+    if (rc != GIFT_EFORMAT)
+        return rc;
+    q = (w->nmembers > 1 ? ps->asmb : w->p) + ch->off;
+    if (q != pc)
+        memcpy(q, pc, ch->n * sizeof(float));
+    gift_vec_add(q, e, ch->n);
+    if ((rc = gift_encode(cp, q, ch->n, pay, ch->push_l.total)) < 0 ||
+        (rc = gift_decode(cp, pay, ch->push_l.total, ch->n, e)) < 0)
+        return rc;
+    gift_vec_sub(q, e, ch->n, e);
+    return 0;
+}
+
 /* Encodes the next chunks of w's push (at least one, then while under budget
  * bytes of input), updates the residual of each, and queues each Push as
  * soon as it is encoded, followed by the Pull of the same chunk when that
@@ -466,21 +497,14 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
         cp.sr.key = w->key;
         cp.sr.chunk = ch->idx;
         cp.sr.step = ps->step;
-        if ((rc = gift_encode(&cp, p + ch->off, ch->n, pay, ch->push_l.total)) < 0) {
+        if (w->ef_on)
+            rc = encode_ef(w, ps, &cp, ch, pay);
+        else
+            rc = gift_encode(&cp, p + ch->off, ch->n, pay, ch->push_l.total);
+        if (rc < 0) {
             stop_encoding(c, w);
             fail_ps(c, ps, rc);
             return done;
-        }
-        if (w->ef_on) {
-            /* e = p - decode(encode(p)), chunk by chunk, in place in e. */
-            float *e = w->ef.e + ch->off;
-            const float *pc = p + ch->off;
-            if ((rc = gift_decode(&cp, pay, ch->push_l.total, ch->n, e)) < 0) {
-                stop_encoding(c, w);
-                fail_ps(c, ps, rc);
-                return done;
-            }
-            gift_vec_sub(pc, e, ch->n, e);
         }
         ps->nenc = j + 1;
         done += ch->n * sizeof(float);
@@ -566,17 +590,10 @@ static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, c
             p = w->p;
         }
     }
-    if (w->ef_on) {
-        float *q = w->nmembers > 1 ? ps->asmb : w->p;
-        if (w->ef.epoch != epoch) {
-            gift__geo_t *old = geo_by_epoch(w, w->ef.epoch);
-            if (old == NULL || G == NULL || gift_ef_rebase(&w->ef, &old->g, &G->g, w->work) < 0)
-                gift_ef_reset(&w->ef, epoch);
-        }
-        if (p != q)
-            memcpy(q, p, w->n * sizeof(float));
-        gift_ef_add(&w->ef, q);
-        p = q;
+    if (w->ef_on && w->ef.epoch != epoch) { /* the residual is added as each chunk encodes */
+        gift__geo_t *old = geo_by_epoch(w, w->ef.epoch);
+        if (old == NULL || G == NULL || gift_ef_rebase(&w->ef, &old->g, &G->g, w->work) < 0)
+            gift_ef_reset(&w->ef, epoch);
     }
     push_begin(c, w, ps, epoch, p);
     c->nencoding++;

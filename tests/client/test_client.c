@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "gift/client.h"
+#include "gift_codec.h"
 #include "gift_test_check.h"
 #include "gift_test_rng.h"
 #include "gift_test_time.h"
@@ -1111,6 +1112,130 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* Error feedback on the worker, exactly: with one worker and f32 pulls the
+ * pulled mean is the decoded push, so every step's result must equal a
+ * reference computed here chunk by chunk with the codec: v = g + e, encode,
+ * d = decode, e = v - d. Covers the one-pass path (fp8, nvfp4, a fused bucket
+ * of two small tensors) and the pass-wise one (an fp8 block of 8192, which
+ * the one-pass encoder does not slice); a residual not added, not updated or
+ * added twice shows from step 1. */
+START_TEST(test_ef_exact)
+{
+    enum { ROWS = 64, COLS = 256, CROWS = 32, SMALL = 300, STEPS = 6, NT = 5 };
+    static const struct {
+        const char *name;
+        uint32_t rows, cols;
+        gift_codec_t codec;
+        uint32_t block;
+    } T[NT] = {
+        {"fp8", ROWS, COLS, GIFT_CODEC_FP8_E4M3, 0},
+        {"nvfp4", ROWS, COLS, GIFT_CODEC_NVFP4, 0},
+        {"fp8-b8192", ROWS, COLS, GIFT_CODEC_FP8_E4M3, 8192},
+        {"small.a", 1, SMALL, GIFT_CODEC_FP8_E4M3, 0},
+        {"small.b", 1, SMALL, GIFT_CODEC_FP8_E4M3, 0},
+    };
+    gift_client_opts_t o = GIFT_CLIENT_OPTS_INIT;
+    gift_tensor_desc_t t[NT];
+    gift_client_t *c = NULL;
+    gift_op_t *ops[NT];
+    size_t nmax = (size_t)ROWS * COLS, cap;
+    float *g[NT], *out[NT], *e[NT], *v = malloc(nmax * sizeof(float));
+    float *d = malloc(nmax * sizeof(float)), *cat = malloc(2 * SMALL * sizeof(float));
+    uint8_t *pay;
+    gift_layout_t l;
+    char servers[64];
+
+    ck_assert(v != NULL && d != NULL && cat != NULL);
+    for (int i = 0; i < NT; i++) {
+        size_t n = (size_t)T[i].rows * T[i].cols;
+        gift_tensor_desc_t x = GIFT_TENSOR_INIT;
+        x.name = T[i].name;
+        x.rows = T[i].rows;
+        x.cols = T[i].cols;
+        x.push_codec = T[i].codec;
+        x.pull_codec = GIFT_CODEC_F32;
+        x.fp8_block = T[i].block;
+        x.error_feedback = 1;
+        t[i] = x;
+        g[i] = malloc(n * sizeof(float));
+        out[i] = malloc(n * sizeof(float));
+        e[i] = calloc(nmax, sizeof(float)); /* small.a's: the bucket's */
+        ck_assert(g[i] != NULL && out[i] != NULL && e[i] != NULL);
+    }
+    {
+        gift_codec_params_t p = {GIFT_FMT_E4M3, 0, 0, {0}};
+        ck_assert_int_eq(gift_layout(&p, nmax, &l), 0);
+        cap = l.total * 2 + 4096; /* more than any payload here */
+        ck_assert((pay = malloc(cap)) != NULL);
+    }
+    daemons_start(1, 1);
+    servers_string(servers, sizeof servers);
+    o.servers = servers;
+    o.rank = 0;
+    o.world_size = 1;
+    o.chunk_bytes = (uint64_t)CROWS * COLS * sizeof(float); /* two chunks of the large ones */
+    ck_assert_int_eq(gift_client_open(&o, &c), 0);
+    ck_assert_int_eq(gift_declare(c, t, NT), 0);
+    for (int s = 0; s < STEPS; s++) {
+        for (int i = 0; i < NT; i++) {
+            gen(g[i], (size_t)T[i].rows * T[i].cols, i, 0, (uint64_t)s, 1e-2);
+            ck_assert_int_eq(gift_push_pull(c, (uint32_t)i, (uint64_t)s, g[i], out[i], NULL,
+                                            NULL, &ops[i]),
+                             0);
+        }
+        for (int i = 0; i < NT; i++) {
+            int rc = gift_op_wait(ops[i]);
+            ck_assert_msg(rc == 0, "step %d %s: %s", s, T[i].name, gift_strerror(rc));
+            gift_op_free(ops[i]);
+        }
+        /* The reference, one payload per chunk (the small pair: one bucket,
+         * a first, b second). */
+        for (int i = 0; i < NT; i++) {
+            gift_codec_params_t p = {(gift_format_t)T[i].codec, T[i].block, 0, {0}};
+            size_t n = (size_t)T[i].rows * T[i].cols, per = (size_t)CROWS * COLS;
+            const float *gi = g[i];
+            float *ei = e[i];
+            if (i == NT - 1)
+                continue; /* done with small.a */
+            if (i == NT - 2) {
+                memcpy(cat, g[i], SMALL * sizeof(float));
+                memcpy(cat + SMALL, g[i + 1], SMALL * sizeof(float));
+                gi = cat;
+                n = per = 2 * SMALL;
+            }
+            for (size_t c0 = 0; c0 < n; c0 += per) {
+                for (size_t k = 0; k < per; k++)
+                    v[k] = gi[c0 + k] + ei[c0 + k];
+                ck_assert_int_eq(gift_encode(&p, v, per, pay, cap), 0);
+                ck_assert_int_eq(gift_decode(&p, pay, cap, per, d), 0);
+                for (size_t k = 0; k < per; k++) {
+                    float got = i == NT - 2 ? out[i + (c0 + k >= SMALL)][(c0 + k) % SMALL]
+                                            : out[i][c0 + k];
+                    ei[c0 + k] = v[k] - d[k];
+                    if (got != d[k])
+                        ck_abort_msg("step %d %s element %zu: pulled %.9g, reference %.9g "
+                                     "(g %.9g + e %.9g)",
+                                     s, i == NT - 2 && c0 + k >= SMALL ? "small.b" : T[i].name,
+                                     c0 + k, (double)got, (double)d[k], (double)gi[c0 + k],
+                                     (double)(v[k] - gi[c0 + k]));
+                }
+            }
+        }
+    }
+    gift_client_close(c);
+    daemons_stop();
+    for (int i = 0; i < NT; i++) {
+        free(g[i]);
+        free(out[i]);
+        free(e[i]);
+    }
+    free(v);
+    free(d);
+    free(cat);
+    free(pay);
+}
+END_TEST
+
 /* A NaN in the last chunk of a push: the chunks before it are encoded and
  * sent while the next ones encode, so some reach the shard before the NaN is
  * found. The push fails with GIFT_ENONFINITE, the NaN never leaves, a retry of
@@ -1186,6 +1311,7 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_timeout);
     tcase_add_test(tc, test_nonfinite);
+    tcase_add_test(tc, test_ef_exact);
     tcase_add_test(tc, test_frames);
     tcase_add_test(tc, test_acceptance);
     tcase_add_test(tc, test_restart);
