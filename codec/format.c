@@ -907,31 +907,41 @@ void gift_vec_sub(const float *a, const float *b, size_t n, float *dst)
         kernels()->sub(a, b, n, dst);
 }
 
-int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, float scale,
-                        float *e, void *payload, size_t cap)
+/* Where the mean's sum comes from, slice by slice: x itself, or (x NULL)
+ * a push payload decoded onto a copy of acc (sum_slice). */
+typedef struct {
+    const float *x;
+    const gift_codec_params_t *push;
+    const gift_layout_t *li;
+    const uint8_t *in;
+    const float *acc;
+} mean_src_t;
+
+static const float *src_slice(const gift__kernels_t *k, const mean_src_t *s, size_t i, size_t m,
+                              float *buf)
+{
+    if (s->x != NULL)
+        return s->x + i;
+    sum_slice(k, s->push, s->li, s->in, s->acc, i, m, buf);
+    return buf;
+}
+
+/* gift_encode_mean_ef on a checked source (its layout l under p, the
+ * payload's padding written). */
+static int mean_ef(const gift__kernels_t *k, const gift_codec_params_t *p, const gift_layout_t *l,
+                   const mean_src_t *src, size_t n, float scale, float *e, uint8_t *out)
 {
     _Alignas(64) float v[MEAN_SLICE], d[MEAN_SLICE];
-    gift_layout_t l;
-    const gift__kernels_t *k = kernels();
-    uint8_t *out = payload;
     float s_t = 0.0f; /* nvfp4: the tensor scale of v; 0 when every code is zero */
-    int rc = 0;
+    int rc;
 
-    if (p == NULL || e == NULL || p->stochastic || !(scale > 0.0f) || scale > FLT_MAX)
-        return GIFT_EINVAL;
-    if ((rc = gift_layout(p, n, &l)) < 0)
-        return rc;
-    if (MEAN_SLICE % slice_unit(p, &l) != 0)
-        return GIFT_EFORMAT;
-    if ((rc = encode_begin(p, x, n, payload, cap, &l)) < 0)
-        return rc;
     if (p->fmt == GIFT_FMT_NVFP4) {
         /* v's largest magnitude first (v = x * scale + 0 + e, slice by slice). */
         uint32_t mb = 0;
         for (size_t i = 0; i < n; i += MEAN_SLICE) {
             size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
             uint32_t b;
-            k->scale_add(x + i, e + i, m, scale, v);
+            k->scale_add(src_slice(k, src, i, m, d), e + i, m, scale, v);
             if ((b = k->amax_bits(v, m)) > mb)
                 mb = b;
         }
@@ -944,24 +954,64 @@ int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, 
             memcpy(out, &s_t, 4);
         } else {
             s_t = 0.0f; /* the all-zero payload: the residual becomes v */
-            memset(out, 0, l.total);
+            memset(out, 0, l->total);
         }
     }
     for (size_t i = 0; i < n; i += MEAN_SLICE) {
         size_t m = n - i < MEAN_SLICE ? n - i : MEAN_SLICE;
-        k->scale_add(x + i, e + i, m, scale, v);
+        k->scale_add(src_slice(k, src, i, m, d), e + i, m, scale, v);
         if (p->fmt == GIFT_FMT_NVFP4) {
             if (s_t > 0.0f)
                 k->nvfp4_encode(v, m, s_t, out + 4 + i / GIFT_NVFP4_BLOCK,
-                                out + l.code_off + i / 2);
-        } else if ((rc = encode_slice(k, p, &l, v, i, m, out)) < 0) {
+                                out + l->code_off + i / 2);
+        } else if ((rc = encode_slice(k, p, l, v, i, m, out)) < 0) {
             memset(e, 0, n * sizeof *e);
             return rc;
         }
-        decode_slice(k, p, &l, out, i, m, d, 0);
+        decode_slice(k, p, l, out, i, m, d, 0);
         k->sub(v, d, m, e + i);
     }
     return 0;
+}
+
+int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, float scale,
+                        float *e, void *payload, size_t cap)
+{
+    gift_layout_t l;
+    mean_src_t src = {x, NULL, NULL, NULL, NULL};
+    int rc;
+
+    if (p == NULL || e == NULL || p->stochastic || !(scale > 0.0f) || scale > FLT_MAX)
+        return GIFT_EINVAL;
+    if ((rc = gift_layout(p, n, &l)) < 0)
+        return rc;
+    if (MEAN_SLICE % slice_unit(p, &l) != 0)
+        return GIFT_EFORMAT;
+    if ((rc = encode_begin(p, x, n, payload, cap, &l)) < 0)
+        return rc;
+    return mean_ef(kernels(), p, &l, &src, n, scale, e, payload);
+}
+
+int gift_decode_encode_mean_ef(const gift_codec_params_t *push, const void *payload, size_t len,
+                               const float *acc, size_t n, float scale,
+                               const gift_codec_params_t *pull, float *e, void *out, size_t cap)
+{
+    gift_layout_t li, lo;
+    mean_src_t src = {NULL, push, &li, payload, acc};
+    int rc;
+
+    if (pull == NULL || e == NULL || out == NULL || pull->stochastic || !(scale > 0.0f) ||
+        scale > FLT_MAX)
+        return GIFT_EINVAL;
+    if ((rc = decode_check(push, payload, len, n, &li)) < 0)
+        return rc;
+    if ((rc = gift_layout(pull, n, &lo)) < 0)
+        return rc;
+    if (MEAN_SLICE % slice_unit(push, &li) != 0 || MEAN_SLICE % slice_unit(pull, &lo) != 0)
+        return GIFT_EFORMAT;
+    if ((rc = encode_begin(pull, e, n, out, cap, &lo)) < 0)
+        return rc;
+    return mean_ef(kernels(), pull, &lo, &src, n, scale, e, out);
 }
 
 int gift_decode_encode_mean(const gift_codec_params_t *push, const void *payload, size_t len,

@@ -166,6 +166,19 @@ int gift_decode_encode_mean(const gift_codec_params_t *push, const void *payload
                             const float *acc, size_t n, float scale,
                             const gift_codec_params_t *pull, void *out, size_t cap);
 
+/* gift_decode_encode_mean with the pull's error feedback: writes to out
+ * exactly the bytes of gift_decode (acc NULL) or gift_decode_acc (onto a copy
+ * of acc) of the push payload into a sum y, followed by
+ * gift_encode_mean_ef(pull, y, n, scale, e, out, cap), and updates e as that
+ * would, without writing y anywhere. acc is only read. The payload is checked
+ * whole first: GIFT_EBADCODE (and the other codes of gift_decode) leave out
+ * and e untouched, as does GIFT_EFORMAT (an fp8 block, push or pull, that
+ * does not divide 4096: take the two-step path). Otherwise returns as
+ * gift_encode_mean_ef. nvfp4 pulls decode the payload twice. */
+int gift_decode_encode_mean_ef(const gift_codec_params_t *push, const void *payload, size_t len,
+                               const float *acc, size_t n, float scale,
+                               const gift_codec_params_t *pull, float *e, void *out, size_t cap);
+
 /* Decodes a payload of n elements into out. Checks every scale and code first:
  * NaN/Inf codes or non-finite/negative scales give GIFT_EBADCODE and out is
  * left untouched. len is the payload size (at least layout.total - padding of

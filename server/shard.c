@@ -1013,6 +1013,15 @@ static int log_step(gift_shard_t *s, chunk_t *ch, const reply_t *r)
 
 static void maybe_checkpoint(gift_shard_t *s);
 
+/* The pull residual for a step of epoch: zeroed when it belongs to another. */
+static void pres_for_epoch(chunk_t *ch, uint32_t epoch)
+{
+    if (ch->pres_epoch != epoch) {
+        memset(ch->pres, 0, ch->n * sizeof *ch->pres);
+        ch->pres_epoch = epoch;
+    }
+}
+
 /* Pull error feedback: encodes v = mean + residual into the reply and keeps
  * v - decode(encode(v)) as the next step's residual (gift_encode_mean_ef,
  * slice by slice in cache). The residual belongs to the coordinates of one
@@ -1024,13 +1033,9 @@ static void maybe_checkpoint(gift_shard_t *s);
 static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv, int hits)
 {
     const tensor_t *t = ch->t;
-    uint32_t epoch = sl->epoch < 0 ? 0 : (uint32_t)sl->epoch;
     float *acc = sl->acc, *e = ch->pres;
     int rc;
-    if (ch->pres_epoch != epoch) {
-        memset(e, 0, ch->n * sizeof *e);
-        ch->pres_epoch = epoch;
-    }
+    pres_for_epoch(ch, sl->epoch < 0 ? 0 : (uint32_t)sl->epoch);
     if (!hits && (rc = gift_encode_mean_ef(&t->pull, acc, ch->n, inv, e, r->buf->data,
                                            r->buf->cap)) != GIFT_EFORMAT)
         return rc;
@@ -1152,23 +1157,31 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
 
 /* Sums the push of rank sl->next (in rank order) into sl. The last one of a
  * step that finish_steps finishes right after (now: it is ch->base) is
- * fused with the mean's encoding (gift_decode_encode_mean, straight into
- * the step's reply buffer, acc not written): the same bytes, one pass over
- * the sum less and no write of it. Not on the steps that sample boundary
- * hits (they read the mean from acc), nor with pull error feedback
- * (encode_mean_ef), nor for layouts it cannot walk (GIFT_EFORMAT: the
- * two-step path). Returns 0 or the payload's error. */
-static int add_in_order(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, int now,
-                        const uint8_t *payload, size_t len)
+ * fused with the mean's encoding (gift_decode_encode_mean, or with pull
+ * error feedback gift_decode_encode_mean_ef on the residual of the step's
+ * epoch, straight into the step's reply buffer, acc not written): the same
+ * bytes and residual, one pass over the sum less and no write of it. Not on
+ * the steps that sample boundary hits (they read the mean from acc), nor for
+ * layouts it cannot walk (GIFT_EFORMAT: the two-step path). Returns 0 or the
+ * payload's error. */
+static int add_in_order(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, uint32_t epoch,
+                        int now, const uint8_t *payload, size_t len)
 {
     const gift_codec_params_t *cp = &ch->t->push;
-    if (now && sl->next + 1 == s->world && ch->pres == NULL &&
-        !(s->o.hits_every && step % s->o.hits_every == 0)) {
+    if (now && sl->next + 1 == s->world && !(s->o.hits_every && step % s->o.hits_every == 0)) {
         reply_t *r = &ch->reply[step & 1];
         if (reply_writable(ch, r) == 0) {
-            int rc = gift_decode_encode_mean(cp, payload, len, sl->next == 0 ? NULL : sl->acc,
-                                             ch->n, 1.0f / (float)s->world, &ch->t->pull,
+            const float *acc = sl->next == 0 ? NULL : sl->acc;
+            const float inv = 1.0f / (float)s->world;
+            int rc;
+            if (ch->pres != NULL) {
+                pres_for_epoch(ch, epoch);
+                rc = gift_decode_encode_mean_ef(cp, payload, len, acc, ch->n, inv, &ch->t->pull,
+                                                ch->pres, r->buf->data, r->buf->cap);
+            } else {
+                rc = gift_decode_encode_mean(cp, payload, len, acc, ch->n, inv, &ch->t->pull,
                                              r->buf->data, r->buf->cap);
+            }
             if (rc == GIFT_EBADCODE)
                 return rc; /* the payload: refused, as a decode would */
             if (rc != GIFT_EFORMAT) {
@@ -1187,9 +1200,10 @@ static int add_in_order(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step,
  * rank order it is summed at once, followed by every kept push that now
  * follows without a gap; out of order it is validated (gift_payload_check:
  * the checks of a decode, without decoding) and kept. now: step is the one
- * finish_steps finishes next. Returns 0, or the decode error (nothing kept). */
-static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, int now,
-                       uint32_t rank, const uint8_t *payload, size_t len)
+ * finish_steps finishes next; epoch: the step's (every push of a step has
+ * it). Returns 0, or the decode error (nothing kept). */
+static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, uint32_t epoch,
+                       int now, uint32_t rank, const uint8_t *payload, size_t len)
 {
     const gift_codec_params_t *cp = &ch->t->push;
     int rc;
@@ -1199,13 +1213,13 @@ static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, 
         memcpy(sl->pay + (size_t)rank * ch->pay_stride, payload, len);
         return 0;
     }
-    if ((rc = add_in_order(s, ch, sl, step, now, payload, len)) < 0)
+    if ((rc = add_in_order(s, ch, sl, step, epoch, now, payload, len)) < 0)
         return rc;
     sl->next++;
     while (sl->next < s->world && bit_get(sl->ranks, sl->next)) {
         /* Validated when it arrived. */
-        rc = add_in_order(s, ch, sl, step, now, sl->pay + (size_t)sl->next * ch->pay_stride,
-                          ch->push_l.total);
+        rc = add_in_order(s, ch, sl, step, epoch, now,
+                          sl->pay + (size_t)sl->next * ch->pay_stride, ch->push_l.total);
         if (rc < 0)
             return rc;
         sl->next++;
@@ -1276,8 +1290,8 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                 return 0;
             }
             if (s->o.aggregate == GIFT_SHARD_ORDERED)
-                rc = ordered_add(s, ch, sl, m->step, m->step == base, p->rank, f->payload,
-                                 f->payload_len);
+                rc = ordered_add(s, ch, sl, m->step, m->epoch, m->step == base, p->rank,
+                                 f->payload, f->payload_len);
             /* The first push of a step overwrites the accumulator instead of
              * adding to a cleared one: v and 0 + v differ only for v = -0,
              * and the +0 of the mean's scaling makes the bytes the same. */

@@ -2335,15 +2335,18 @@ START_TEST(test_decode_encode_mean)
     static const float scales[] = {1.0f, 1.0f / 3.0f};
     const size_t nf = sizeof fmts / sizeof fmts[0], nmax = 12301, cap = 4 * 12301 + 4096;
     float *x = malloc(nmax * sizeof *x), *acc = malloc(nmax * sizeof *acc),
-          *y = malloc(nmax * sizeof *y);
+          *y = malloc(nmax * sizeof *y), *e0 = malloc(nmax * sizeof *e0),
+          *ea = malloc(nmax * sizeof *ea), *eb = malloc(nmax * sizeof *eb);
     uint8_t *pay = malloc(cap), *a = malloc(cap), *b = malloc(cap);
     uint64_t seed = 7;
     long compared = 0;
-    ck_assert_msg(x && acc && y && pay && a && b, "out of memory");
+    ck_assert_msg(x && acc && y && e0 && ea && eb && pay && a && b, "out of memory");
     fill_varied(x, nmax, &seed);
     fill_varied(acc, nmax, &seed);
     for (size_t i = 0; i < nmax; i += 11)
         acc[i] = -x[i]; /* sums of exactly zero and -0 */
+    for (size_t i = 0; i < nmax; i++) /* a residual for the _ef pair, some of it zero */
+        e0[i] = i % 5 == 0 ? 0.0f : x[(i * 7) % nmax] * 1e-3f;
     for (int path = 0; path < 3; path++) {
         if (gift_simd_force((gift_simd_t)path) != 0)
             continue;
@@ -2387,6 +2390,31 @@ START_TEST(test_decode_encode_mean)
                                              path, n, with_acc, (double)scales[si], k, lo.total,
                                              a[k], b[k]);
                             }
+                            /* With the pull's error feedback: the same bytes and
+                             * the same residual as the two steps. */
+                            memcpy(ea, e0, n * sizeof *ea);
+                            memcpy(eb, e0, n * sizeof *eb);
+                            memset(a, 0xA5, cap);
+                            memset(b, 0x5A, cap);
+                            ra = gift_encode_mean_ef(&po, y, n, scales[si], ea, a, cap);
+                            rb = gift_decode_encode_mean_ef(&pi, pay, li.total, ac, n, scales[si],
+                                                            &po, eb, b, cap);
+                            require_msg(ra == rb,
+                                        "ef %s -> %s path %d n %zu acc %d scale %g: rc %d vs %d",
+                                        gift_format_name(fmts[fi]), gift_format_name(fmts[fo]),
+                                        path, n, with_acc, (double)scales[si], ra, rb);
+                            require_msg(ra != 0 || memcmp(a, b, lo.total) == 0,
+                                        "ef %s -> %s path %d n %zu acc %d scale %g: bytes differ",
+                                        gift_format_name(fmts[fi]), gift_format_name(fmts[fo]),
+                                        path, n, with_acc, (double)scales[si]);
+                            for (size_t k = 0; k < n; k++)
+                                if (memcmp(&ea[k], &eb[k], sizeof *ea) != 0)
+                                    ck_abort_msg("ef %s -> %s path %d n %zu acc %d scale %g: "
+                                                 "residual %zu %.9g vs %.9g",
+                                                 gift_format_name(fmts[fi]),
+                                                 gift_format_name(fmts[fo]), path, n, with_acc,
+                                                 (double)scales[si], k, (double)ea[k],
+                                                 (double)eb[k]);
                             compared++;
                         }
     }
@@ -2408,20 +2436,47 @@ START_TEST(test_decode_encode_mean)
                          GIFT_EBADCODE);
         for (size_t i = 0; i < cap; i++)
             require_msg(b[i] == 0x5A, "out byte %zu written (0x%02x) for a bad payload", i, b[i]);
+        memcpy(eb, e0, n * sizeof *eb);
+        ck_assert_int_eq(
+            gift_decode_encode_mean_ef(&pi, pay, li.total, NULL, n, 0.5f, &po, eb, b, cap),
+            GIFT_EBADCODE);
+        for (size_t i = 0; i < cap; i++)
+            require_msg(b[i] == 0x5A, "ef: out byte %zu written (0x%02x) for a bad payload", i,
+                        b[i]);
+        require_msg(memcmp(eb, e0, n * sizeof *eb) == 0, "ef: residual written for a bad payload");
         /* A sum past FLT_MAX: GIFT_ENONFINITE, as gift_encode_mean gives. */
         for (size_t i = 0; i < n; i++)
             big[i] = 3e38f;
         ck_assert_int_eq(gift_encode(&pi, big, n, pay, cap), 0);
         ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, big, n, 0.5f, &po, b, cap),
                          GIFT_ENONFINITE);
+        memcpy(eb, e0, n * sizeof *eb);
+        ck_assert_int_eq(
+            gift_decode_encode_mean_ef(&pi, pay, li.total, big, n, 0.5f, &po, eb, b, cap),
+            GIFT_ENONFINITE);
+        for (size_t i = 0; i < n; i++)
+            require_msg(eb[i] == 0.0f, "ef overflow: residual %zu is %g, want 0", i,
+                        (double)eb[i]);
         po.fmt = GIFT_FMT_NVFP4;
         ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, big, n, 0.5f, &po, b, cap),
                          GIFT_ENONFINITE);
+        memcpy(eb, e0, n * sizeof *eb);
+        ck_assert_int_eq(
+            gift_decode_encode_mean_ef(&pi, pay, li.total, big, n, 0.5f, &po, eb, b, cap),
+            GIFT_ENONFINITE);
+        require_msg(eb[0] == 0.0f && eb[n - 1] == 0.0f, "ef nvfp4 overflow: residual kept");
         /* A block that does not divide the slice, on either side. */
         po.fmt = GIFT_FMT_E4M3;
         po.block = 48;
         ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, NULL, n, 0.5f, &po, b, cap),
                          GIFT_EFORMAT);
+        memcpy(eb, e0, n * sizeof *eb);
+        memset(b, 0x5A, cap);
+        ck_assert_int_eq(
+            gift_decode_encode_mean_ef(&pi, pay, li.total, NULL, n, 0.5f, &po, eb, b, cap),
+            GIFT_EFORMAT);
+        require_msg(b[0] == 0x5A && b[cap - 1] == 0x5A && memcmp(eb, e0, n * sizeof *eb) == 0,
+                    "ef: GIFT_EFORMAT wrote out or the residual");
         po.block = 0;
         po.stochastic = 1;
         ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, NULL, n, 0.5f, &po, b, cap),
@@ -2434,6 +2489,9 @@ START_TEST(test_decode_encode_mean)
     free(x);
     free(acc);
     free(y);
+    free(e0);
+    free(ea);
+    free(eb);
     free(pay);
     free(a);
     free(b);

@@ -3132,9 +3132,9 @@ typedef struct pef_ref {
     float *e[PEF_NC];
 } pef_ref_t;
 
-static uint8_t *pef_reference(pef_ref_t *st, size_t ci, uint64_t v, size_t *len)
+static uint8_t *pef_reference(pef_ref_t *st, const cdesc_t *c, size_t ci, uint64_t v,
+                              size_t *len)
 {
-    const cdesc_t *c = &PEF_C[ci];
     const tdesc_t *t = tensor_of(c->key);
     size_t n = chunk_n(c);
     gift_codec_params_t pp = params_of(t->push_fmt, t->push_block);
@@ -3175,7 +3175,7 @@ static int pef_step(pef_ref_t *st, uint64_t step, int line)
         fake_t *fp = &P[step % W];
         size_t len, plen;
         uint8_t *want = c->key == 3 ? reference(c->key, c->chunk, step, NULL, W, &len, NULL, NULL)
-                                    : pef_reference(st, ci, step, &len);
+                                    : pef_reference(st, c, ci, step, &len);
         uint8_t *plain = reference(c->key, c->chunk, step, NULL, W, &plen, NULL, NULL);
         sent_t *rep;
         uint64_t q;
@@ -3214,6 +3214,48 @@ START_TEST(test_pull_ef)
     /* 5 chunks with feedback x 5 steps; bf16's residual can round to the same
      * codes now and then, so ask for most, not all. */
     ck_assert_msg(later >= 20, "only %d of 25 EF replies differ from plain ones", later);
+    pef_ref_free(&st);
+}
+END_TEST
+
+/* The residual belongs to one geometry epoch: a non-owner shard (no basis to
+ * rebase it with) starts a step of a new epoch from zero, so that step's
+ * reply is the plain mean's, and feedback resumes from there. */
+static const tdesc_t PEFG_T[] = {{0, "pef.geo", 16, GDIN, E4M3, 32, NVFP4, 0, 1, GK, GKS, 4, 1234}};
+static const cdesc_t PEFG_C[] = {{0, 1, 10, 6}};
+
+START_TEST(test_pull_ef_epoch)
+{
+    pef_ref_t st = {{0}};
+    const cdesc_t *c = &PEFG_C[0];
+    g_pull_ef = 1;
+    hello_all();
+    DECLARE_OK(&P[0], PEFG_T, 1, PEFG_C, 1);
+    for (uint64_t step = 0; step < 6; step++) {
+        uint32_t epoch = step < 3 ? 0 : 1;
+        fake_t *fp = &P[step % W];
+        size_t len, plen;
+        uint8_t *want, *plain = reference(0, 1, step, NULL, W, &plen, NULL, NULL);
+        sent_t *rep;
+        uint64_t q;
+        if (step == 3) { /* the reference's residual too */
+            free(st.e[0]);
+            st.e[0] = NULL;
+        }
+        want = pef_reference(&st, c, 0, step, &len);
+        for (int r = 0; r < W; r++)
+            push_grad_at(&P[r], 0, 1, step, epoch, (uint32_t)r, step, 0, __LINE__);
+        q = pull_at(fp, 0, 1, step, __LINE__);
+        rep = expect_reply_at(fp, 0, 1, step, epoch, q, __LINE__);
+        expect_bytes_at(rep, want, len, __LINE__);
+        ck_assert_msg((step == 0 || step == 3) == (plen == len && memcmp(plain, want, len) == 0),
+                      "step %" PRIu64 ": the reply %s the plain mean's", step,
+                      step == 0 || step == 3 ? "differs from" : "equals");
+        QUIET_ALL();
+        io_release(fp);
+        free(want);
+        free(plain);
+    }
     pef_ref_free(&st);
 }
 END_TEST
@@ -3595,6 +3637,7 @@ static Suite *shard_suite(void)
     tcase_add_test(hello, test_hello_digest);
     tcase_add_test(hello, test_reject);
     tcase_add_test(hello, test_pull_ef); /* declares a list of its own */
+    tcase_add_test(hello, test_pull_ef_epoch); /* likewise */
     suite_add_tcase(s, hello);
 
     tcase_add_checked_fixture(declare, fx_hello, fx_teardown);
