@@ -18,23 +18,29 @@ static inline __mmask16 AVX512 tail_mask(size_t len)
     return len >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << len) - 1);
 }
 
-/* 16 floats to small-float codes (one per 32-bit lane), RNE, saturating. */
+/* 16 floats to small-float codes (one per 32-bit lane), RNE, saturating.
+ * Normal results: the mantissa rounded (+ half - 1 + lsb) and the exponent
+ * rebiased in one add, then shifted (arithmetic: lanes below the normal range
+ * go negative here and are replaced by the subnormal codes). */
 static inline __m512i AVX512 cvt16(const gift__minifmt_t *f, __m512 y)
 {
     const int sh = 23 - f->mbits;
     __m512i b = _mm512_castps_si512(y);
     __m512i a = _mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF));
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, sh), _mm512_set1_epi32(1));
-    __m512i add = _mm512_add_epi32(_mm512_set1_epi32((1 << (sh - 1)) - 1), lsb);
-    __m512i cn = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(a, add), sh),
-                                  _mm512_set1_epi32((127 - f->bias) << f->mbits));
+    __m512i cn = _mm512_srai_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(a, lsb),
+                         _mm512_set1_epi32(((1 << (sh - 1)) - 1) - ((127 - f->bias) << 23))),
+        sh);
     __m512 t = _mm512_mul_ps(_mm512_castsi512_ps(a),
                              _mm512_set1_ps(gift__pow2f(f->bias - 1 + f->mbits)));
     __m512i cs = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __mmask16 norm = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32((128 - f->bias) << 23));
     __m512i c = _mm512_mask_blend_epi32(norm, cs, cn);
     c = _mm512_min_epu32(c, _mm512_set1_epi32((int)f->maxcode));
-    return _mm512_or_si512(c, _mm512_slli_epi32(_mm512_srli_epi32(b, 31), f->signpos));
+    /* c | (sign bit moved to signpos) */
+    return _mm512_ternarylogic_epi32(c, _mm512_srli_epi32(b, 31 - f->signpos),
+                                     _mm512_set1_epi32(1 << f->signpos), 0xF8);
 }
 
 static inline uint32_t AVX512 amax16(const float *x, size_t len, __m512i m)
@@ -128,14 +134,17 @@ static int AVX512 avx512_fp8_encode(const gift__minifmt_t *f, const float *x, si
     return 0;
 }
 
-/* 16 codes (one per 32-bit lane, finite) to their fp32 values, unscaled. */
+/* 16 codes (one per 32-bit lane, finite) to their fp32 values, unscaled:
+ * the code's top byte moved to the float's (sign at bit 31), shifted right
+ * arithmetically so that the magnitude lands under the float's exponent
+ * field, the sign's copies masked off, and the result scaled by the
+ * format's bias (exact: a power of two, subnormal codes included). */
 static inline __m512 AVX512 fp8_lanes_value16(const gift__minifmt_t *f, __m512i c)
 {
     const int sh = 23 - f->mbits;
-    __m512i mag = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x7F)), sh);
-    __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(gift__pow2f(127 - f->bias)));
-    __m512i s = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
-    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), s));
+    __m512i m = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 24), 24 - sh),
+                                 _mm512_set1_epi32((int)(0x80000000u | (0x7Fu << sh))));
+    return _mm512_mul_ps(_mm512_castsi512_ps(m), _mm512_set1_ps(gift__pow2f(127 - f->bias)));
 }
 
 /* 16 code bytes to their fp32 values (finite codes), before scaling. */
