@@ -992,6 +992,25 @@ int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, 
     return mean_ef(kernels(), p, &l, &src, n, scale, e, payload);
 }
 
+/* The checks and the padding of the fused decode + mean encoders: the payload
+ * whole (decode_check), both layouts walkable in common slices, out's
+ * padding written. */
+static int fused_begin(const gift_codec_params_t *push, const void *payload, size_t len,
+                       size_t n, float scale, const gift_codec_params_t *pull, void *out,
+                       size_t cap, gift_layout_t *li, gift_layout_t *lo)
+{
+    int rc;
+    if (pull == NULL || out == NULL || pull->stochastic || !(scale > 0.0f) || scale > FLT_MAX)
+        return GIFT_EINVAL;
+    if ((rc = decode_check(push, payload, len, n, li)) < 0)
+        return rc;
+    if ((rc = gift_layout(pull, n, lo)) < 0)
+        return rc;
+    if (MEAN_SLICE % slice_unit(push, li) != 0 || MEAN_SLICE % slice_unit(pull, lo) != 0)
+        return GIFT_EFORMAT;
+    return encode_begin(pull, &scale, n, out, cap, lo); /* its x is only checked for NULL */
+}
+
 int gift_decode_encode_mean_ef(const gift_codec_params_t *push, const void *payload, size_t len,
                                const float *acc, size_t n, float scale,
                                const gift_codec_params_t *pull, float *e, void *out, size_t cap)
@@ -1000,16 +1019,9 @@ int gift_decode_encode_mean_ef(const gift_codec_params_t *push, const void *payl
     mean_src_t src = {NULL, push, &li, payload, acc};
     int rc;
 
-    if (pull == NULL || e == NULL || out == NULL || pull->stochastic || !(scale > 0.0f) ||
-        scale > FLT_MAX)
+    if (e == NULL)
         return GIFT_EINVAL;
-    if ((rc = decode_check(push, payload, len, n, &li)) < 0)
-        return rc;
-    if ((rc = gift_layout(pull, n, &lo)) < 0)
-        return rc;
-    if (MEAN_SLICE % slice_unit(push, &li) != 0 || MEAN_SLICE % slice_unit(pull, &lo) != 0)
-        return GIFT_EFORMAT;
-    if ((rc = encode_begin(pull, e, n, out, cap, &lo)) < 0)
+    if ((rc = fused_begin(push, payload, len, n, scale, pull, out, cap, &li, &lo)) < 0)
         return rc;
     return mean_ef(kernels(), pull, &lo, &src, n, scale, e, out);
 }
@@ -1025,15 +1037,7 @@ int gift_decode_encode_mean(const gift_codec_params_t *push, const void *payload
     uint8_t *o = out;
     int rc = 0;
 
-    if (pull == NULL || out == NULL || pull->stochastic || !(scale > 0.0f) || scale > FLT_MAX)
-        return GIFT_EINVAL;
-    if ((rc = decode_check(push, payload, len, n, &li)) < 0)
-        return rc;
-    if ((rc = gift_layout(pull, n, &lo)) < 0)
-        return rc;
-    if (MEAN_SLICE % slice_unit(push, &li) != 0 || MEAN_SLICE % slice_unit(pull, &lo) != 0)
-        return GIFT_EFORMAT;
-    if ((rc = encode_begin(pull, buf, n, out, cap, &lo)) < 0)
+    if ((rc = fused_begin(push, payload, len, n, scale, pull, out, cap, &li, &lo)) < 0)
         return rc;
     if (pull->fmt == GIFT_FMT_NVFP4) {
         /* The tensor scale from the sum's largest magnitude (as
