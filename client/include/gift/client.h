@@ -163,7 +163,8 @@ typedef struct gift_tensor_desc {
  * gift_push: each is a wire tensor of its own. A NaN or Inf in a device
  * gradient fails the push with GIFT_ENONFINITE as on the host; with error
  * feedback, the residual of the chunks from the failing one on is reset to
- * zero (the host path keeps their old residual). Results are bit-identical
+ * zero (the host path resets the failing chunk's only, or none with
+ * stochastic rounding, and keeps the later chunks'). Results are bit-identical
  * to the host path for Euclidean tensors; with geometry the transforms run
  * through cuBLAS and agree to rounding.
  *
