@@ -1175,6 +1175,11 @@ static int add_in_order(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step,
             const float inv = 1.0f / (float)s->world;
             int rc;
             if (ch->pres != NULL) {
+                /* A refused payload must not cost the residual: checked
+                 * before a new epoch's reset (the call checks it too). */
+                if (ch->pres_epoch != epoch &&
+                    (rc = gift_payload_check(cp, payload, len, ch->n)) < 0)
+                    return rc;
                 pres_for_epoch(ch, epoch);
                 rc = gift_decode_encode_mean_ef(cp, payload, len, acc, ch->n, inv, &ch->t->pull,
                                                 ch->pres, r->buf->data, r->buf->cap);
