@@ -70,7 +70,33 @@ static uint32_t AVX512 avx512_amax_bits(const float *x, size_t n)
     return amax16(x + i, n - i, m0);
 }
 
-/* Codes of one block of len elements scaled by inv. */
+/* cvt16 for lanes of a block scaled by fmax / amax of that block: no lane
+ * lies above fmax by more than the two roundings of the scaling, far below
+ * the midpoint to the next code, so the saturating min is left out; and the
+ * subnormal conversion runs only for vectors that hold a lane below the
+ * normal range (rare in scaled blocks, zeros aside). Same codes as cvt16. */
+static inline __m512i AVX512 cvt16_scaled(const gift__minifmt_t *f, __m512 y)
+{
+    const int sh = 23 - f->mbits;
+    __m512i b = _mm512_castps_si512(y);
+    __m512i a = _mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, sh), _mm512_set1_epi32(1));
+    __m512i c = _mm512_srai_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(a, lsb),
+                         _mm512_set1_epi32(((1 << (sh - 1)) - 1) - ((127 - f->bias) << 23))),
+        sh);
+    __mmask16 norm = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32((128 - f->bias) << 23));
+    if (__builtin_expect(norm != 0xFFFF, 0)) {
+        __m512 t = _mm512_mul_ps(_mm512_castsi512_ps(a),
+                                 _mm512_set1_ps(gift__pow2f(f->bias - 1 + f->mbits)));
+        c = _mm512_mask_blend_epi32(
+            norm, _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), c);
+    }
+    return _mm512_ternarylogic_epi32(c, _mm512_srli_epi32(b, 31 - f->signpos),
+                                     _mm512_set1_epi32(1 << f->signpos), 0xF8);
+}
+
+/* Codes of one block of len elements scaled by inv = fmax / amax. */
 static inline void AVX512 fp8_block_codes(const gift__minifmt_t *f, const float *xb, size_t len,
                                           float inv, uint8_t *cb)
 {
@@ -78,12 +104,13 @@ static inline void AVX512 fp8_block_codes(const gift__minifmt_t *f, const float 
     size_t i = 0;
     for (; i + 16 <= len; i += 16) {
         __m512 v = _mm512_loadu_ps(xb + i);
-        _mm_storeu_si128((__m128i *)(cb + i), _mm512_cvtepi32_epi8(cvt16(f, _mm512_mul_ps(v, vinv))));
+        _mm_storeu_si128((__m128i *)(cb + i),
+                         _mm512_cvtepi32_epi8(cvt16_scaled(f, _mm512_mul_ps(v, vinv))));
     }
     if (i < len) {
         __mmask16 m = tail_mask(len - i);
         __m512 v = _mm512_maskz_loadu_ps(m, xb + i);
-        __m128i c = _mm512_cvtepi32_epi8(cvt16(f, _mm512_mul_ps(v, vinv)));
+        __m128i c = _mm512_cvtepi32_epi8(cvt16_scaled(f, _mm512_mul_ps(v, vinv)));
         _mm_mask_storeu_epi8(cb + i, m, c);
     }
 }
@@ -147,10 +174,41 @@ static inline __m512 AVX512 fp8_lanes_value16(const gift__minifmt_t *f, __m512i 
     return _mm512_mul_ps(_mm512_castsi512_ps(m), _mm512_set1_ps(gift__pow2f(127 - f->bias)));
 }
 
-/* 16 code bytes to their fp32 values (finite codes), before scaling. */
-static inline __m512 AVX512 fp8_value16(const gift__minifmt_t *f, __m128i c8)
+/* 16 code bytes (finite codes) as fp32 bit patterns that are their values
+ * times 2^(bias - 127): the bytes sign-extended (sign at bit 31), shifted so
+ * that the magnitude lands under the float's exponent field, the sign's
+ * copies masked off (as fp8_lanes_value16, one shift fewer). */
+static inline __m512 AVX512 fp8_raw16(const gift__minifmt_t *f, __m128i c8)
 {
-    return fp8_lanes_value16(f, _mm512_cvtepu8_epi32(c8));
+    const int sh = 23 - f->mbits;
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(c8), sh),
+                         _mm512_set1_epi32((int)(0x80000000u | (0x7Fu << sh)))));
+}
+
+/* One block of raw lanes times m1 (and then m2 when two): out = or += . */
+static inline void AVX512 fp8_decode_lanes(const gift__minifmt_t *f, __m512 m1, __m512 m2,
+                                           int two, const uint8_t *codes, size_t len, float *out,
+                                           int acc)
+{
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        __m512 v = _mm512_mul_ps(fp8_raw16(f, _mm_loadu_si128((const __m128i *)(codes + i))), m1);
+        if (two)
+            v = _mm512_mul_ps(v, m2);
+        if (acc)
+            v = _mm512_add_ps(_mm512_loadu_ps(out + i), v);
+        _mm512_storeu_ps(out + i, v);
+    }
+    if (i < len) {
+        __mmask16 m = tail_mask(len - i);
+        __m512 v = _mm512_mul_ps(fp8_raw16(f, _mm_maskz_loadu_epi8(m, codes + i)), m1);
+        if (two)
+            v = _mm512_mul_ps(v, m2);
+        if (acc)
+            v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + i), v);
+        _mm512_mask_storeu_ps(out + i, m, v);
+    }
 }
 
 static void AVX512 avx512_fp8_decode(const gift__minifmt_t *f, const float *scales,
@@ -160,38 +218,44 @@ static void AVX512 avx512_fp8_decode(const gift__minifmt_t *f, const float *scal
     /* A local copy: the code stores (char) may alias *f, which would reload
      * it and rebuild every constant per vector. */
     const gift__minifmt_t fl = *f;
+    const float p = gift__pow2f(127 - fl.bias);
     f = &fl;
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         size_t len = n - b0 < block ? n - b0 : block;
-        __m512 s = _mm512_set1_ps(gift__ldf(scales + bi));
-        size_t i = 0;
-        for (; i + 16 <= len; i += 16) {
-            __m128i c = _mm_loadu_si128((const __m128i *)(codes + b0 + i));
-            __m512 v = _mm512_mul_ps(fp8_value16(f, c), s);
-            if (acc)
-                v = _mm512_add_ps(_mm512_loadu_ps(out + b0 + i), v);
-            _mm512_storeu_ps(out + b0 + i, v);
-        }
-        if (i < len) {
-            __mmask16 m = tail_mask(len - i);
-            __m128i c = _mm_maskz_loadu_epi8(m, codes + b0 + i);
-            __m512 v = _mm512_mul_ps(fp8_value16(f, c), s);
-            if (acc)
-                v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + b0 + i), v);
-            _mm512_mask_storeu_ps(out + b0 + i, m, v);
-        }
+        /* A raw lane times 2^(127 - bias) is the code's value, exactly, and
+         * s * 2^(127 - bias) is exact unless it overflows: one product by it
+         * rounds the same real number once, as the two products do. Blocks
+         * whose product overflows (s >= 2^(bias - 127 + 128)) take the two. */
+        const float s = gift__ldf(scales + bi), sp = s * p;
+        const __m512 vs = _mm512_set1_ps(s);
+        if (sp <= FLT_MAX && acc)
+            fp8_decode_lanes(f, _mm512_set1_ps(sp), vs, 0, codes + b0, len, out + b0, 1);
+        else if (sp <= FLT_MAX)
+            fp8_decode_lanes(f, _mm512_set1_ps(sp), vs, 0, codes + b0, len, out + b0, 0);
+        else
+            fp8_decode_lanes(f, _mm512_set1_ps(p), vs, 1, codes + b0, len, out + b0, acc);
     }
 }
 
 static int AVX512 avx512_byte_has_mask(const uint8_t *codes, size_t n, uint8_t mask)
 {
+    /* (c & mask) never exceeds mask, so a byte hits it exactly when the
+     * bytewise maximum of (c & mask) does: two vector operations per 64
+     * codes, four chains, one compare at the end. */
     const __m512i vm = _mm512_set1_epi8((char)mask);
+    __m512i m0 = _mm512_setzero_si512(), m1 = m0, m2 = m0, m3 = m0;
     __mmask64 bad = 0;
     size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m512i c = _mm512_loadu_si512(codes + i);
-        bad |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(c, vm), vm);
+    for (; i + 256 <= n; i += 256) {
+        m0 = _mm512_max_epu8(m0, _mm512_and_si512(_mm512_loadu_si512(codes + i), vm));
+        m1 = _mm512_max_epu8(m1, _mm512_and_si512(_mm512_loadu_si512(codes + i + 64), vm));
+        m2 = _mm512_max_epu8(m2, _mm512_and_si512(_mm512_loadu_si512(codes + i + 128), vm));
+        m3 = _mm512_max_epu8(m3, _mm512_and_si512(_mm512_loadu_si512(codes + i + 192), vm));
     }
+    for (; i + 64 <= n; i += 64)
+        m0 = _mm512_max_epu8(m0, _mm512_and_si512(_mm512_loadu_si512(codes + i), vm));
+    m0 = _mm512_max_epu8(_mm512_max_epu8(m0, m1), _mm512_max_epu8(m2, m3));
+    bad = _mm512_cmpeq_epi8_mask(m0, vm);
     if (i < n) {
         __mmask64 m = (__mmask64)((~0ull) >> (64 - (n - i)));
         __m512i c = _mm512_maskz_loadu_epi8(m, codes + i);
