@@ -32,6 +32,33 @@ static inline __m256i AVX2 cvt8(const gift__minifmt_t *f, __m256 y)
     return _mm256_or_si256(c, _mm256_slli_epi32(_mm256_srli_epi32(b, 31), f->signpos));
 }
 
+/* cvt8 for lanes of a block scaled by fmax / amax of that block: no lane
+ * lies above fmax by more than the two roundings of the scaling, far below
+ * the midpoint to the next code, so the saturating min is left out; the
+ * rebias is folded into the rounding add; and the subnormal conversion runs
+ * only for vectors that hold a lane below the normal range (rare in scaled
+ * blocks, zeros aside). Same codes as cvt8. */
+static inline __m256i AVX2 cvt8_scaled(const gift__minifmt_t *f, __m256 y)
+{
+    const int sh = 23 - f->mbits;
+    __m256i b = _mm256_castps_si256(y);
+    __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, sh), _mm256_set1_epi32(1));
+    __m256i c = _mm256_srai_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(a, lsb),
+                         _mm256_set1_epi32(((1 << (sh - 1)) - 1) - ((127 - f->bias) << 23))),
+        sh);
+    /* a <= 0x7FFFFFFF, so the signed compare is an unsigned one. */
+    __m256i norm = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(((128 - f->bias) << 23) - 1));
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_castsi256_ps(norm)) != 0xFF, 0)) {
+        __m256 t = _mm256_mul_ps(_mm256_castsi256_ps(a),
+                                 _mm256_set1_ps(gift__pow2f(f->bias - 1 + f->mbits)));
+        c = _mm256_blendv_epi8(_mm256_cvtps_epi32(t), c, norm);
+    }
+    return _mm256_or_si256(c, _mm256_and_si256(_mm256_srli_epi32(b, 31 - f->signpos),
+                                               _mm256_set1_epi32(1 << f->signpos)));
+}
+
 /* Four vectors of 8 codes (values 0..255) to 32 bytes in element order. */
 static inline __m256i AVX2 pack32(__m256i c0, __m256i c1, __m256i c2, __m256i c3)
 {
@@ -95,10 +122,10 @@ static int AVX2 avx2_fp8_encode(const gift__minifmt_t *f, const float *x, size_t
         const __m256 vinv = _mm256_set1_ps(inv);
         const float *xb = x + b0;
         for (; i + 32 <= len; i += 32) {
-            __m256i c0 = cvt8(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i), vinv));
-            __m256i c1 = cvt8(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), vinv));
-            __m256i c2 = cvt8(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 16), vinv));
-            __m256i c3 = cvt8(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 24), vinv));
+            __m256i c0 = cvt8_scaled(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i), vinv));
+            __m256i c1 = cvt8_scaled(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), vinv));
+            __m256i c2 = cvt8_scaled(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 16), vinv));
+            __m256i c3 = cvt8_scaled(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 24), vinv));
             _mm256_storeu_si256((__m256i *)(codes + b0 + i), pack32(c0, c1, c2, c3));
         }
         for (; i < len; i++)
@@ -117,10 +144,34 @@ static inline __m256 AVX2 fp8_lanes_value8(const gift__minifmt_t *f, __m256i c)
     return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), s));
 }
 
-/* 8 code bytes to their fp32 values (finite codes), before scaling. */
-static inline __m256 AVX2 fp8_value8(const gift__minifmt_t *f, __m128i c8)
+/* 8 code bytes (finite codes) as fp32 bit patterns that are their values
+ * times 2^(bias - 127): the bytes sign-extended (sign at bit 31), shifted so
+ * that the magnitude lands under the float's exponent field, the sign's
+ * copies masked off. */
+static inline __m256 AVX2 fp8_raw8(const gift__minifmt_t *f, __m128i c8)
 {
-    return fp8_lanes_value8(f, _mm256_cvtepu8_epi32(c8));
+    const int sh = 23 - f->mbits;
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(c8), sh),
+                         _mm256_set1_epi32((int)(0x80000000u | (0x7Fu << sh)))));
+}
+
+/* Full vectors of one block: raw lanes times m1 (and then m2 when two);
+ * out = or += . Returns the elements done. */
+static inline size_t AVX2 fp8_decode_lanes(const gift__minifmt_t *f, __m256 m1, __m256 m2,
+                                           int two, const uint8_t *codes, size_t len, float *out,
+                                           int acc)
+{
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        __m256 v = _mm256_mul_ps(fp8_raw8(f, _mm_loadl_epi64((const __m128i *)(codes + i))), m1);
+        if (two)
+            v = _mm256_mul_ps(v, m2);
+        if (acc)
+            v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
+        _mm256_storeu_ps(out + i, v);
+    }
+    return i;
 }
 
 static void AVX2 avx2_fp8_decode(const gift__minifmt_t *f, const float *scales,
@@ -129,19 +180,20 @@ static void AVX2 avx2_fp8_decode(const gift__minifmt_t *f, const float *scales,
     /* A local copy: the code stores (char) may alias *f, which would reload
      * it and rebuild every constant per vector. */
     const gift__minifmt_t fl = *f;
+    const float p = gift__pow2f(127 - fl.bias);
     f = &fl;
     for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
-        size_t len = n - b0 < block ? n - b0 : block;
-        const float sc = gift__ldf(scales + bi);
-        const __m256 s = _mm256_set1_ps(sc);
-        size_t i = 0;
-        for (; i + 8 <= len; i += 8) {
-            __m128i c = _mm_loadl_epi64((const __m128i *)(codes + b0 + i));
-            __m256 v = _mm256_mul_ps(fp8_value8(f, c), s);
-            if (acc)
-                v = _mm256_add_ps(_mm256_loadu_ps(out + b0 + i), v);
-            _mm256_storeu_ps(out + b0 + i, v);
-        }
+        size_t len = n - b0 < block ? n - b0 : block, i;
+        /* As the AVX-512 decode: one product by s * 2^(127 - bias) where
+         * that is finite (the same one rounding), else the two. */
+        const float sc = gift__ldf(scales + bi), sp = sc * p;
+        const __m256 vs = _mm256_set1_ps(sc);
+        if (sp <= FLT_MAX && acc)
+            i = fp8_decode_lanes(f, _mm256_set1_ps(sp), vs, 0, codes + b0, len, out + b0, 1);
+        else if (sp <= FLT_MAX)
+            i = fp8_decode_lanes(f, _mm256_set1_ps(sp), vs, 0, codes + b0, len, out + b0, 0);
+        else
+            i = fp8_decode_lanes(f, _mm256_set1_ps(p), vs, 1, codes + b0, len, out + b0, acc);
         for (; i < len; i++) {
             float v = gift__mini_value(f, codes[b0 + i]) * sc;
             if (acc)
@@ -154,14 +206,18 @@ static void AVX2 avx2_fp8_decode(const gift__minifmt_t *f, const float *scales,
 
 static int AVX2 avx2_byte_has_mask(const uint8_t *codes, size_t n, uint8_t mask)
 {
+    /* (c & mask) never exceeds mask, so a byte hits it exactly when the
+     * bytewise maximum of (c & mask) does (as the AVX-512 scan). */
     const __m256i vm = _mm256_set1_epi8((char)mask);
-    __m256i bad = _mm256_setzero_si256();
+    __m256i m0 = _mm256_setzero_si256(), m1 = m0;
     size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m256i c = _mm256_loadu_si256((const __m256i *)(codes + i));
-        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi8(_mm256_and_si256(c, vm), vm));
+    for (; i + 64 <= n; i += 64) {
+        m0 = _mm256_max_epu8(m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(codes + i)), vm));
+        m1 = _mm256_max_epu8(m1, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(codes + i + 32)), vm));
     }
-    int r = _mm256_movemask_epi8(bad) != 0;
+    for (; i + 32 <= n; i += 32)
+        m0 = _mm256_max_epu8(m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(codes + i)), vm));
+    int r = _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(m0, m1), vm)) != 0;
     for (; i < n; i++)
         r |= (codes[i] & mask) == mask;
     return r;
