@@ -12,33 +12,12 @@
 
 #define AVX2 __attribute__((target("avx2")))
 
-/* 8 floats to small-float codes (one per 32-bit lane), RNE, saturating. */
-static inline __m256i AVX2 cvt8(const gift__minifmt_t *f, __m256 y)
-{
-    const int sh = 23 - f->mbits;
-    __m256i b = _mm256_castps_si256(y);
-    __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, sh), _mm256_set1_epi32(1));
-    __m256i add = _mm256_add_epi32(_mm256_set1_epi32((1 << (sh - 1)) - 1), lsb);
-    __m256i cn = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(a, add), sh),
-                                  _mm256_set1_epi32((127 - f->bias) << f->mbits));
-    __m256 t = _mm256_mul_ps(_mm256_castsi256_ps(a),
-                             _mm256_set1_ps(gift__pow2f(f->bias - 1 + f->mbits)));
-    __m256i cs = _mm256_cvtps_epi32(t); /* MXCSR default: round to nearest even */
-    /* a <= 0x7FFFFFFF, so the signed compare is an unsigned one. */
-    __m256i norm = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(((128 - f->bias) << 23) - 1));
-    __m256i c = _mm256_blendv_epi8(cs, cn, norm);
-    c = _mm256_min_epu32(c, _mm256_set1_epi32((int)f->maxcode));
-    return _mm256_or_si256(c, _mm256_slli_epi32(_mm256_srli_epi32(b, 31), f->signpos));
-}
-
-/* cvt8 for lanes of a block scaled by fmax / amax of that block: no lane
- * lies above fmax by more than the two roundings of the scaling, far below
- * the midpoint to the next code, so the saturating min is left out; the
- * rebias is folded into the rounding add; and the subnormal conversion runs
- * only for vectors that hold a lane below the normal range (rare in scaled
- * blocks, zeros aside). Same codes as cvt8. */
-static inline __m256i AVX2 cvt8_scaled(const gift__minifmt_t *f, __m256 y)
+/* 8 floats to small-float codes (one per 32-bit lane), RNE, saturating; the
+ * rebias is folded into the rounding add. scaled (a constant): y is a block
+ * scaled by fmax / amax of that block, so the min is left out and the
+ * subnormal conversion runs only where needed (see cvt16_any in
+ * simd_avx512.c). Same codes either way. */
+static inline __m256i AVX2 cvt8_any(const gift__minifmt_t *f, __m256 y, int scaled)
 {
     const int sh = 23 - f->mbits;
     __m256i b = _mm256_castps_si256(y);
@@ -50,13 +29,20 @@ static inline __m256i AVX2 cvt8_scaled(const gift__minifmt_t *f, __m256 y)
         sh);
     /* a <= 0x7FFFFFFF, so the signed compare is an unsigned one. */
     __m256i norm = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(((128 - f->bias) << 23) - 1));
-    if (__builtin_expect(_mm256_movemask_ps(_mm256_castsi256_ps(norm)) != 0xFF, 0)) {
+    if (!scaled || __builtin_expect(_mm256_movemask_ps(_mm256_castsi256_ps(norm)) != 0xFF, 0)) {
         __m256 t = _mm256_mul_ps(_mm256_castsi256_ps(a),
                                  _mm256_set1_ps(gift__pow2f(f->bias - 1 + f->mbits)));
-        c = _mm256_blendv_epi8(_mm256_cvtps_epi32(t), c, norm);
+        c = _mm256_blendv_epi8(_mm256_cvtps_epi32(t), c, norm); /* MXCSR default: RNE */
     }
+    if (!scaled)
+        c = _mm256_min_epu32(c, _mm256_set1_epi32((int)f->maxcode));
     return _mm256_or_si256(c, _mm256_and_si256(_mm256_srli_epi32(b, 31 - f->signpos),
                                                _mm256_set1_epi32(1 << f->signpos)));
+}
+
+static inline __m256i AVX2 cvt8(const gift__minifmt_t *f, __m256 y)
+{
+    return cvt8_any(f, y, 0);
 }
 
 /* Four vectors of 8 codes (values 0..255) to 32 bytes in element order. */
@@ -122,10 +108,10 @@ static int AVX2 avx2_fp8_encode(const gift__minifmt_t *f, const float *x, size_t
         const __m256 vinv = _mm256_set1_ps(inv);
         const float *xb = x + b0;
         for (; i + 32 <= len; i += 32) {
-            __m256i c0 = cvt8_scaled(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i), vinv));
-            __m256i c1 = cvt8_scaled(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), vinv));
-            __m256i c2 = cvt8_scaled(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 16), vinv));
-            __m256i c3 = cvt8_scaled(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 24), vinv));
+            __m256i c0 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i), vinv), 1);
+            __m256i c1 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), vinv), 1);
+            __m256i c2 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 16), vinv), 1);
+            __m256i c3 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 24), vinv), 1);
             _mm256_storeu_si256((__m256i *)(codes + b0 + i), pack32(c0, c1, c2, c3));
         }
         for (; i < len; i++)

@@ -21,26 +21,39 @@ static inline __mmask16 AVX512 tail_mask(size_t len)
 /* 16 floats to small-float codes (one per 32-bit lane), RNE, saturating.
  * Normal results: the mantissa rounded (+ half - 1 + lsb) and the exponent
  * rebiased in one add, then shifted (arithmetic: lanes below the normal range
- * go negative here and are replaced by the subnormal codes). */
-static inline __m512i AVX512 cvt16(const gift__minifmt_t *f, __m512 y)
+ * go negative here and are replaced by the subnormal codes).
+ * scaled (a constant): y is a block scaled by fmax / amax of that block. No
+ * lane then lies above fmax by more than the two roundings of the scaling,
+ * far below the midpoint to the next code, so the saturating min is left
+ * out; and the subnormal conversion runs only for vectors that hold a lane
+ * below the normal range (rare in scaled blocks, zeros aside). Same codes. */
+static inline __m512i AVX512 cvt16_any(const gift__minifmt_t *f, __m512 y, int scaled)
 {
     const int sh = 23 - f->mbits;
     __m512i b = _mm512_castps_si512(y);
     __m512i a = _mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF));
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, sh), _mm512_set1_epi32(1));
-    __m512i cn = _mm512_srai_epi32(
+    __m512i c = _mm512_srai_epi32(
         _mm512_add_epi32(_mm512_add_epi32(a, lsb),
                          _mm512_set1_epi32(((1 << (sh - 1)) - 1) - ((127 - f->bias) << 23))),
         sh);
-    __m512 t = _mm512_mul_ps(_mm512_castsi512_ps(a),
-                             _mm512_set1_ps(gift__pow2f(f->bias - 1 + f->mbits)));
-    __m512i cs = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __mmask16 norm = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32((128 - f->bias) << 23));
-    __m512i c = _mm512_mask_blend_epi32(norm, cs, cn);
-    c = _mm512_min_epu32(c, _mm512_set1_epi32((int)f->maxcode));
+    if (!scaled || __builtin_expect(norm != 0xFFFF, 0)) {
+        __m512 t = _mm512_mul_ps(_mm512_castsi512_ps(a),
+                                 _mm512_set1_ps(gift__pow2f(f->bias - 1 + f->mbits)));
+        c = _mm512_mask_blend_epi32(
+            norm, _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), c);
+    }
+    if (!scaled)
+        c = _mm512_min_epu32(c, _mm512_set1_epi32((int)f->maxcode));
     /* c | (sign bit moved to signpos) */
     return _mm512_ternarylogic_epi32(c, _mm512_srli_epi32(b, 31 - f->signpos),
                                      _mm512_set1_epi32(1 << f->signpos), 0xF8);
+}
+
+static inline __m512i AVX512 cvt16(const gift__minifmt_t *f, __m512 y)
+{
+    return cvt16_any(f, y, 0);
 }
 
 static inline uint32_t AVX512 amax16(const float *x, size_t len, __m512i m)
@@ -70,32 +83,6 @@ static uint32_t AVX512 avx512_amax_bits(const float *x, size_t n)
     return amax16(x + i, n - i, m0);
 }
 
-/* cvt16 for lanes of a block scaled by fmax / amax of that block: no lane
- * lies above fmax by more than the two roundings of the scaling, far below
- * the midpoint to the next code, so the saturating min is left out; and the
- * subnormal conversion runs only for vectors that hold a lane below the
- * normal range (rare in scaled blocks, zeros aside). Same codes as cvt16. */
-static inline __m512i AVX512 cvt16_scaled(const gift__minifmt_t *f, __m512 y)
-{
-    const int sh = 23 - f->mbits;
-    __m512i b = _mm512_castps_si512(y);
-    __m512i a = _mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF));
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, sh), _mm512_set1_epi32(1));
-    __m512i c = _mm512_srai_epi32(
-        _mm512_add_epi32(_mm512_add_epi32(a, lsb),
-                         _mm512_set1_epi32(((1 << (sh - 1)) - 1) - ((127 - f->bias) << 23))),
-        sh);
-    __mmask16 norm = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32((128 - f->bias) << 23));
-    if (__builtin_expect(norm != 0xFFFF, 0)) {
-        __m512 t = _mm512_mul_ps(_mm512_castsi512_ps(a),
-                                 _mm512_set1_ps(gift__pow2f(f->bias - 1 + f->mbits)));
-        c = _mm512_mask_blend_epi32(
-            norm, _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), c);
-    }
-    return _mm512_ternarylogic_epi32(c, _mm512_srli_epi32(b, 31 - f->signpos),
-                                     _mm512_set1_epi32(1 << f->signpos), 0xF8);
-}
-
 /* Codes of one block of len elements scaled by inv = fmax / amax. */
 static inline void AVX512 fp8_block_codes(const gift__minifmt_t *f, const float *xb, size_t len,
                                           float inv, uint8_t *cb)
@@ -105,12 +92,12 @@ static inline void AVX512 fp8_block_codes(const gift__minifmt_t *f, const float 
     for (; i + 16 <= len; i += 16) {
         __m512 v = _mm512_loadu_ps(xb + i);
         _mm_storeu_si128((__m128i *)(cb + i),
-                         _mm512_cvtepi32_epi8(cvt16_scaled(f, _mm512_mul_ps(v, vinv))));
+                         _mm512_cvtepi32_epi8(cvt16_any(f, _mm512_mul_ps(v, vinv), 1)));
     }
     if (i < len) {
         __mmask16 m = tail_mask(len - i);
         __m512 v = _mm512_maskz_loadu_ps(m, xb + i);
-        __m128i c = _mm512_cvtepi32_epi8(cvt16_scaled(f, _mm512_mul_ps(v, vinv)));
+        __m128i c = _mm512_cvtepi32_epi8(cvt16_any(f, _mm512_mul_ps(v, vinv), 1));
         _mm_mask_storeu_epi8(cb + i, m, c);
     }
 }
