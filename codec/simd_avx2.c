@@ -267,21 +267,35 @@ static void AVX2 avx2_nvfp4_decode(const uint8_t *sb, float s_t, const uint8_t *
         lutf[c] = gift__mini_value(&gift__fmt_e2m1, (uint32_t)c);
     const __m256 lut = _mm256_loadu_ps(lutf);
     size_t b0 = 0, bi = 0;
-    for (; b0 + 16 <= n; b0 += 16, bi++) {
-        __m128i raw = _mm_loadl_epi64((const __m128i *)(codes + (b0 >> 1)));
-        __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F));
-        __m128i nib = _mm_unpacklo_epi8(lo, hi);
-        const __m256 eff = _mm256_set1_ps(gift__mini_value(&gift__fmt_e4m3, sb[bi]) * s_t);
-        for (int h = 0; h < 2; h++) {
-            __m256i c = _mm256_cvtepu8_epi32(h ? _mm_srli_si128(nib, 8) : nib);
-            __m256 v = _mm256_permutevar8x32_ps(lut, _mm256_and_si256(c, _mm256_set1_epi32(7)));
-            __m256i s = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(8)), 28);
-            v = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), s));
-            v = _mm256_mul_ps(v, eff);
-            if (acc)
-                v = _mm256_add_ps(_mm256_loadu_ps(out + b0 + 8 * h), v);
-            _mm256_storeu_ps(out + b0 + 8 * h, v);
+    while (b0 + 16 <= n) {
+        /* Eight whole blocks: their effective scales as one vector (exact
+         * e4m3 values times s_t, the scalar path's one rounding). Fewer:
+         * one block at a time, as the scalar path. */
+        float effs[8];
+        size_t nb = (n - b0) / 16 < 8 ? 1 : 8;
+        if (nb == 8)
+            _mm256_storeu_ps(effs, _mm256_mul_ps(
+                                       fp8_lanes_value8(&gift__fmt_e4m3, _mm256_cvtepu8_epi32(
+                                                            _mm_loadl_epi64((const __m128i *)(sb + bi)))),
+                                       _mm256_set1_ps(s_t)));
+        else
+            effs[0] = gift__mini_value(&gift__fmt_e4m3, sb[bi]) * s_t;
+        for (size_t j = 0; j < nb; j++, b0 += 16, bi++) {
+            __m128i raw = _mm_loadl_epi64((const __m128i *)(codes + (b0 >> 1)));
+            __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
+            __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F));
+            __m128i nib = _mm_unpacklo_epi8(lo, hi);
+            const __m256 eff = _mm256_set1_ps(effs[j]);
+            for (int h = 0; h < 2; h++) {
+                __m256i c = _mm256_cvtepu8_epi32(h ? _mm_srli_si128(nib, 8) : nib);
+                __m256 v = _mm256_permutevar8x32_ps(lut, _mm256_and_si256(c, _mm256_set1_epi32(7)));
+                __m256i sg = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(8)), 28);
+                v = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sg));
+                v = _mm256_mul_ps(v, eff);
+                if (acc)
+                    v = _mm256_add_ps(_mm256_loadu_ps(out + b0 + 8 * h), v);
+                _mm256_storeu_ps(out + b0 + 8 * h, v);
+            }
         }
     }
     if (b0 < n) {
