@@ -251,12 +251,12 @@ static int AVX512 avx512_byte_has_mask(const uint8_t *codes, size_t n, uint8_t m
     return bad != 0;
 }
 
-/* Packs 16 nibble codes (one per byte, low 4 bits) into 8 bytes, low first. */
-static inline __m128i AVX512 nib_pack(__m128i b)
+/* Packs 16 nibble codes (one per 32-bit lane, values 0..15) into 8 bytes,
+ * low nibble first: each 64-bit pair gets its odd lane's code moved under
+ * bits 4..7 of its even lane's, then one byte per pair is kept. */
+static inline __m128i AVX512 nib_pack(__m512i c)
 {
-    __m128i lo = _mm_and_si128(b, _mm_set1_epi16(0x000F));
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi16(0x00F0));
-    return _mm_packus_epi16(_mm_or_si128(lo, hi), _mm_setzero_si128());
+    return _mm512_cvtepi64_epi8(_mm512_or_si512(c, _mm512_srli_epi64(c, 28)));
 }
 
 /* Lane j of the result is the largest lane of a[j] (unsigned): a 16 x 16
@@ -306,7 +306,7 @@ static void AVX512 avx512_nvfp4_encode(const float *x, size_t n, float s_t, uint
             __m128i packed = _mm_setzero_si128();
             if (inv[j] != 0.0f) {
                 __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + g + 16 * j), _mm512_set1_ps(inv[j]));
-                packed = nib_pack(_mm512_cvtepi32_epi8(cvt16(&gift__fmt_e2m1, y)));
+                packed = nib_pack(cvt16(&gift__fmt_e2m1, y));
             }
             _mm_storel_epi64((__m128i *)(codes + (g >> 1) + 8 * j), packed);
         }
