@@ -282,30 +282,48 @@ static inline __m512i AVX512 hmax16x16(const __m512i a[16])
     return _mm512_permutexvar_epi32(idx, f);
 }
 
-/* Sixteen blocks (256 elements) at a time: the block scales of the group are
- * computed as one vector (same divisions and roundings as the scalar path),
- * then each block is converted with its broadcast inverse. */
+/* The block scales of sixteen blocks (256 elements at x) as one vector (same
+ * divisions and roundings as the scalar path): their e4m3 codes into *sbc,
+ * the inverses of their effective scales into inv (0 for a zero block). */
+static inline void AVX512 nvfp4_group_scales(const float *x, __m512 vst6, __m512 vst,
+                                             __m512i *sbc, float inv[16])
+{
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i a[16];
+    for (int j = 0; j < 16; j++)
+        a[j] = _mm512_and_si512(_mm512_loadu_si512(x + 16 * j), abs);
+    __m512 r = _mm512_div_ps(_mm512_castsi512_ps(hmax16x16(a)), vst6);
+    *sbc = cvt16(&gift__fmt_e4m3, r);
+    __m512 eff = _mm512_mul_ps(fp8_lanes_value16(&gift__fmt_e4m3, *sbc), vst);
+    __mmask16 ok = _mm512_cmp_ps_mask(eff, _mm512_set1_ps(FLT_MIN), _CMP_GE_OQ);
+    _mm512_storeu_ps(inv, _mm512_maskz_div_ps(ok, _mm512_set1_ps(1.0f), eff));
+}
+
+/* Sixteen blocks (256 elements) at a time: the group's block scales as one
+ * vector (nvfp4_group_scales), then each block converted with its broadcast
+ * inverse. The next group's scales are computed before this group's blocks:
+ * that chain (reduction, divisions, conversions) is long and serial, and so
+ * it overlaps the blocks' independent work instead of stalling between
+ * groups. */
 static void AVX512 avx512_nvfp4_encode(const float *x, size_t n, float s_t, uint8_t *sb,
                                        uint8_t *codes)
 {
-    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
     const __m512 vst6 = _mm512_set1_ps(s_t * 6.0f), vst = _mm512_set1_ps(s_t);
+    float inv[2][16];
+    __m512i sbc[2];
     size_t g = 0;
-    for (; g + 256 <= n; g += 256) {
-        __m512i a[16];
-        float inv[16];
-        for (int j = 0; j < 16; j++)
-            a[j] = _mm512_and_si512(_mm512_loadu_si512(x + g + 16 * j), abs);
-        __m512 r = _mm512_div_ps(_mm512_castsi512_ps(hmax16x16(a)), vst6);
-        __m512i sbc = cvt16(&gift__fmt_e4m3, r);
-        __m512 eff = _mm512_mul_ps(fp8_lanes_value16(&gift__fmt_e4m3, sbc), vst);
-        __mmask16 ok = _mm512_cmp_ps_mask(eff, _mm512_set1_ps(FLT_MIN), _CMP_GE_OQ);
-        _mm512_storeu_ps(inv, _mm512_maskz_div_ps(ok, _mm512_set1_ps(1.0f), eff));
-        _mm_storeu_si128((__m128i *)(sb + g / 16), _mm512_cvtepi32_epi8(sbc));
+    int cur = 0;
+    if (n >= 256)
+        nvfp4_group_scales(x, vst6, vst, &sbc[0], inv[0]);
+    for (; g + 256 <= n; g += 256, cur ^= 1) {
+        if (g + 512 <= n)
+            nvfp4_group_scales(x + g + 256, vst6, vst, &sbc[cur ^ 1], inv[cur ^ 1]);
+        _mm_storeu_si128((__m128i *)(sb + g / 16), _mm512_cvtepi32_epi8(sbc[cur]));
         for (int j = 0; j < 16; j++) {
             __m128i packed = _mm_setzero_si128();
-            if (inv[j] != 0.0f) {
-                __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + g + 16 * j), _mm512_set1_ps(inv[j]));
+            if (inv[cur][j] != 0.0f) {
+                __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + g + 16 * j),
+                                         _mm512_set1_ps(inv[cur][j]));
                 packed = nib_pack(cvt16(&gift__fmt_e2m1, y));
             }
             _mm_storel_epi64((__m128i *)(codes + (g >> 1) + 8 * j), packed);
