@@ -16,6 +16,11 @@ bench/convergence_report.py: the tables and the plot of bench/convergence.sh.
       geometry lags the step it is used at; else from the step's own covariances
       ("same": optimistic, and the whitened metric then uses the very matrix the
       geometry was built from).
+      --geometry-from grad-gram: the geometry is sketched instead from the Gram
+      matrix of the previous dumped step's mean gradient, Gbar^T Gbar / rows
+      (DESIGN.md 2: "a worker that cannot see activations may sketch the
+      averaged gradient instead"); every worker holds the same Gbar after its
+      pull, so each worker's sketch file is that one matrix (needs numpy).
       Writes one JSON per (step, layer) and fidelity.md.
 
   convergence_report.py decay --dump DIR --bench GIFT_BENCH --out DIR
@@ -213,8 +218,11 @@ def fidelity(args):
                 cmd += ["--cov", c]
             sk = None
             if prev is not None and s - prev <= args.max_lag:
-                pcovs = sorted(glob.glob(os.path.join(args.dump, f"step{prev}",
-                                                      f"{layer}.cov.rank*.f32")))
+                if args.geometry_from == "grad-gram":
+                    pcovs = [grad_gram(args, prev, layer, rows, cols)] * len(covs)
+                else:
+                    pcovs = sorted(glob.glob(os.path.join(args.dump, f"step{prev}",
+                                                          f"{layer}.cov.rank*.f32")))
                 if len(pcovs) == len(covs):
                     sk = prev
                     for c in pcovs:
@@ -228,6 +236,18 @@ def fidelity(args):
     with open(os.path.join(args.out, "fidelity-summary.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
     print(md)
+
+
+def grad_gram(args, step, layer, rows, cols):
+    """Writes Gbar^T Gbar / rows of the workers' mean gradient at a dumped step
+    (f32, cols x cols) into args.out; returns its path."""
+    import numpy as np
+    gs = sorted(glob.glob(os.path.join(args.dump, f"step{step}", f"{layer}.grad.rank*.f32")))
+    g = sum(np.fromfile(f, dtype=np.float32).astype(np.float64).reshape(rows, cols)
+            for f in gs) / len(gs)
+    path = os.path.join(args.out, f"step{step}-{layer}.gradgram.f32")
+    (g.T @ g / rows).astype(np.float32).tofile(path)
+    return path
 
 
 def run_fidelity(cmd, js):
@@ -388,6 +408,9 @@ def main():
     f.add_argument("--max-lag", type=int, default=25,
                    help="sketch from the previous dumped step only when it is at most this "
                         "many steps earlier (else from the step's own covariance)")
+    f.add_argument("--geometry-from", choices=("cov", "grad-gram"), default="cov",
+                   help="what the lagged geometry is sketched from: the input covariances "
+                        "(as training does) or the previous step's mean gradient's Gram matrix")
     dc = sub.add_parser("decay")
     dc.add_argument("--dump", required=True)
     dc.add_argument("--bench", required=True)
