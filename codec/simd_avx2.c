@@ -83,39 +83,65 @@ static uint32_t AVX2 avx2_amax_bits(const float *x, size_t n)
     return mb;
 }
 
+/* One block's codes: x * inv, 32 at a time, then the scalar tail. */
+static inline void AVX2 fp8_block_codes(const gift__minifmt_t *f, const float *xb, size_t len,
+                                        float inv, uint8_t *cb)
+{
+    const __m256 vinv = _mm256_set1_ps(inv);
+    size_t i = 0;
+    for (; i + 32 <= len; i += 32) {
+        __m256i c0 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i), vinv), 1);
+        __m256i c1 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), vinv), 1);
+        __m256i c2 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 16), vinv), 1);
+        __m256i c3 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 24), vinv), 1);
+        _mm256_storeu_si256((__m256i *)(cb + i), pack32(c0, c1, c2, c3));
+    }
+    for (; i < len; i++)
+        cb[i] = (uint8_t)gift__cvt_rne(f, xb[i] * inv);
+}
+
+/* Blocks are taken FP8_GROUP at a time, as in simd_avx512.c: every block's
+ * amax and divisions first, then every block's codes, so the serial part
+ * of a block (reduction, divisions) overlaps the others. */
+#define FP8_GROUP 8
+
 static int AVX2 avx2_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
                                 float *scales, uint8_t *codes)
 {
     /* A local copy: the code stores (char) may alias *f, which would reload
      * it and rebuild every constant per vector. */
     const gift__minifmt_t fl = *f;
+    const size_t nb = (n + block - 1) / block;
     f = &fl;
-    for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
-        size_t len = n - b0 < block ? n - b0 : block;
-        uint32_t mb = avx2_amax_bits(x + b0, len);
-        float amax = gift__u2f(mb), scale, inv;
-        size_t i = 0;
-        if (mb >= 0x7F800000u)
+    for (size_t g0 = 0; g0 < nb; g0 += FP8_GROUP) {
+        size_t gn = nb - g0 < FP8_GROUP ? nb - g0 : FP8_GROUP, bad = gn;
+        float inv[FP8_GROUP];
+        for (size_t j = 0; j < gn; j++) {
+            size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
+            uint32_t mb = avx2_amax_bits(x + b0, len);
+            float amax = gift__u2f(mb), scale;
+            if (mb >= 0x7F800000u) {
+                bad = j;
+                break;
+            }
+            scale = amax / f->fmax;
+            if (!(scale >= FLT_MIN)) {
+                scales[g0 + j] = 0.0f;
+                inv[j] = 0.0f; /* all-zero codes */
+                continue;
+            }
+            scales[g0 + j] = scale;
+            inv[j] = f->fmax / amax;
+        }
+        for (size_t j = 0; j < bad; j++) {
+            size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
+            if (inv[j] == 0.0f)
+                memset(codes + b0, 0, len);
+            else
+                fp8_block_codes(f, x + b0, len, inv[j], codes + b0);
+        }
+        if (bad < gn)
             return GIFT_ENONFINITE;
-        scale = amax / f->fmax;
-        if (!(scale >= FLT_MIN)) {
-            scales[bi] = 0.0f;
-            memset(codes + b0, 0, len);
-            continue;
-        }
-        scales[bi] = scale;
-        inv = f->fmax / amax;
-        const __m256 vinv = _mm256_set1_ps(inv);
-        const float *xb = x + b0;
-        for (; i + 32 <= len; i += 32) {
-            __m256i c0 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i), vinv), 1);
-            __m256i c1 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), vinv), 1);
-            __m256i c2 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 16), vinv), 1);
-            __m256i c3 = cvt8_any(f, _mm256_mul_ps(_mm256_loadu_ps(xb + i + 24), vinv), 1);
-            _mm256_storeu_si256((__m256i *)(codes + b0 + i), pack32(c0, c1, c2, c3));
-        }
-        for (; i < len; i++)
-            codes[b0 + i] = (uint8_t)gift__cvt_rne(f, xb[i] * inv);
     }
     return 0;
 }
