@@ -85,6 +85,7 @@ typedef struct cl_opts {
     uint64_t step0;
     uint64_t seed;
     int pull_ef; /* --pull-ef: every row tensor declared with pull_error_feedback */
+    int inplace; /* --inplace: gift_push_pull(grad, grad), as gift.torch calls it */
     int ef;      /* --ef: every row tensor declared with error_feedback */
 } cl_opts_t;
 
@@ -258,7 +259,8 @@ void bench_cluster_usage(FILE *f)
             "                          [--codecs LIST] [--transforms LIST] [--k K]\n"
             "                          [--row-seconds X] [--rtt-iters N] [--stream-reps N]\n"
             "                          [--giftd PATH] [--servers host:port,...] [--step0 N]\n"
-            "                          [--seed S] [--ef] [--pull-ef] [--json FILE]\n"
+            "                          [--seed S] [--ef] [--pull-ef] [--inplace]\n"
+            "                          [--json FILE]\n"
             "\n"
             "End-to-end throughput of giftd on loopback. Starts S shards (giftd --port 0)\n"
             "and W worker processes; each worker opens a gift client, declares the tensor\n"
@@ -302,6 +304,8 @@ void bench_cluster_usage(FILE *f)
             "  --pull-ef         declare the rows' tensors with pull_error_feedback (the\n"
             "                    shards keep the residual of each step's encoded mean;\n"
             "                    no effect on f32 rows)\n"
+            "  --inplace         pull into the pushed buffer (out = grad), as gift.torch's\n"
+            "                    DDP hook and GiftReducer do; default: a separate out buffer\n"
             "  --json FILE       write results here (default %s/cluster.json)\n"
             "  --help            this text\n",
             TARGET_WIRE_X_RAW, TARGET_FP8_X_F32, TARGET_PROBE_X_RTT, CL_MAX_STEPS, GIFTD_BIN,
@@ -341,6 +345,10 @@ static int parse_opts(int argc, char **argv, cl_opts_t *o)
         }
         if (strcmp(a, "--ef") == 0) {
             o->ef = 1;
+            continue;
+        }
+        if (strcmp(a, "--inplace") == 0) {
+            o->inplace = 1;
             continue;
         }
         if (strcmp(a, "--shards") == 0)
@@ -1030,7 +1038,7 @@ static void worker_main(cl_worker_ctx_t *x)
         size_t n = (size_t)x->list[i].rows * x->list[i].cols;
 
         grad[i] = bench_alloc(n * sizeof(float));
-        out[i] = bench_alloc(n * sizeof(float));
+        out[i] = o->inplace ? grad[i] : bench_alloc(n * sizeof(float));
         if (grad[i] == NULL || out[i] == NULL) {
             send_error(x->fd, -1, GIFT_ENOMEM, "worker buffers");
             _exit(1);
@@ -1402,6 +1410,7 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
     bench_json_num(&j, "row_seconds", o->row_seconds);
     bench_json_int(&j, "gift_rank", o->k);
     bench_json_int(&j, "pull_error_feedback", o->pull_ef);
+    bench_json_int(&j, "inplace", o->inplace);
     bench_json_int(&j, "error_feedback", o->ef);
     bench_json_int(&j, "gift_sketch_rows", CL_SKETCH_ROWS);
     bench_json_int(&j, "gift_refresh", CL_REFRESH);
@@ -1520,6 +1529,8 @@ static void print_report(const cl_opts_t *o, const cl_tensor_t *list, int nt, co
     if (o->pull_ef)
         printf("- --pull-ef: the rows' tensors have pull error feedback (the shards keep "
                "each step's residual of the encoded mean)\n\n");
+    if (o->inplace)
+        printf("- --inplace: each step pulls into the pushed buffer (out = grad)\n\n");
     printf("| codec | transform | steps | goodput GB/s | wire GB/s | step p50 ms | step p99 ms "
            "| worker CPU ms/step | shards CPU ms/step |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
