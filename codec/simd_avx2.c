@@ -235,35 +235,50 @@ static int AVX2 avx2_byte_has_mask(const uint8_t *codes, size_t n, uint8_t mask)
     return r;
 }
 
-/* Eight blocks (128 elements) at a time: the group's block scales are one
- * vector computation with the scalar path's divisions and roundings, then
- * each block is converted with its broadcast inverse. */
+/* The block scales of eight blocks (128 elements at x) as one vector (same
+ * divisions and roundings as the scalar path): their e4m3 codes into sbc32,
+ * the inverses of their effective scales into inv (0 for a zero block). */
+static inline void AVX2 nvfp4_group_scales(const float *x, __m256 vst6, __m256 vst,
+                                           uint32_t sbc32[8], float inv[8])
+{
+    const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF);
+    uint32_t am[8];
+    for (int j = 0; j < 8; j++) {
+        const float *xb = x + 16 * j;
+        am[j] = hmax8(_mm256_max_epu32(
+            _mm256_and_si256(_mm256_loadu_si256((const __m256i *)xb), abs),
+            _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(xb + 8)), abs)));
+    }
+    __m256 r = _mm256_div_ps(_mm256_loadu_ps((const float *)am), vst6);
+    __m256i sbc = cvt8(&gift__fmt_e4m3, r);
+    __m256 eff = _mm256_mul_ps(fp8_lanes_value8(&gift__fmt_e4m3, sbc), vst);
+    __m256 ok = _mm256_cmp_ps(eff, _mm256_set1_ps(FLT_MIN), _CMP_GE_OQ);
+    _mm256_storeu_ps(inv, _mm256_and_ps(ok, _mm256_div_ps(_mm256_set1_ps(1.0f), eff)));
+    _mm256_storeu_si256((__m256i *)sbc32, sbc);
+}
+
+/* Eight blocks (128 elements) at a time: the group's block scales as one
+ * vector (nvfp4_group_scales), then each block converted with its broadcast
+ * inverse. The next group's scales are computed before this group's blocks,
+ * as in simd_avx512.c, so that serial chain overlaps the blocks' work. */
 static void AVX2 avx2_nvfp4_encode(const float *x, size_t n, float s_t, uint8_t *sb,
                                    uint8_t *codes)
 {
-    const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF);
     const __m256 vst6 = _mm256_set1_ps(s_t * 6.0f), vst = _mm256_set1_ps(s_t);
+    uint32_t sbc32[2][8];
+    float inv[2][8];
     size_t g = 0;
-    for (; g + 128 <= n; g += 128) {
-        uint32_t am[8], sbc32[8];
-        float inv[8];
-        for (int j = 0; j < 8; j++) {
-            const float *xb = x + g + 16 * j;
-            am[j] = hmax8(_mm256_max_epu32(
-                _mm256_and_si256(_mm256_loadu_si256((const __m256i *)xb), abs),
-                _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(xb + 8)), abs)));
-        }
-        __m256 r = _mm256_div_ps(_mm256_loadu_ps((const float *)am), vst6);
-        __m256i sbc = cvt8(&gift__fmt_e4m3, r);
-        __m256 eff = _mm256_mul_ps(fp8_lanes_value8(&gift__fmt_e4m3, sbc), vst);
-        __m256 ok = _mm256_cmp_ps(eff, _mm256_set1_ps(FLT_MIN), _CMP_GE_OQ);
-        _mm256_storeu_ps(inv, _mm256_and_ps(ok, _mm256_div_ps(_mm256_set1_ps(1.0f), eff)));
-        _mm256_storeu_si256((__m256i *)sbc32, sbc);
+    int cur = 0;
+    if (n >= 128)
+        nvfp4_group_scales(x, vst6, vst, sbc32[0], inv[0]);
+    for (; g + 128 <= n; g += 128, cur ^= 1) {
+        if (g + 256 <= n)
+            nvfp4_group_scales(x + g + 128, vst6, vst, sbc32[cur ^ 1], inv[cur ^ 1]);
         for (int j = 0; j < 8; j++) {
             uint64_t packed = 0;
-            sb[g / 16 + j] = (uint8_t)sbc32[j];
-            if (inv[j] != 0.0f) {
-                const __m256 vinv = _mm256_set1_ps(inv[j]);
+            sb[g / 16 + j] = (uint8_t)sbc32[cur][j];
+            if (inv[cur][j] != 0.0f) {
+                const __m256 vinv = _mm256_set1_ps(inv[cur][j]);
                 const float *xb = x + g + 16 * j;
                 __m256i c0 = cvt8(&gift__fmt_e2m1, _mm256_mul_ps(_mm256_loadu_ps(xb), vinv));
                 __m256i c1 = cvt8(&gift__fmt_e2m1, _mm256_mul_ps(_mm256_loadu_ps(xb + 8), vinv));

@@ -89,7 +89,10 @@ static const struct {
 };
 #define N_COMBOS ((int)(sizeof COMBOS / sizeof COMBOS[0]))
 
-static const size_t NS[] = {1, 3, 15, 17, 31, 33, 63, 65, 127, 129, 1023, 4097, 100003};
+/* Exact multiples of the SIMD groups (128 and 256 elements) as well: the
+ * look-ahead of the nvfp4 encode ends exactly at the last full group. */
+static const size_t NS[] = {1,   3,   15,  17,  31,  33,   63,   65,
+                            127, 129, 256, 512, 768, 1023, 4097, 100003};
 #define N_NS (sizeof NS / sizeof NS[0])
 
 typedef struct outputs {
