@@ -245,21 +245,6 @@ static uint32_t scalar_amax_bits(const float *x, size_t n)
     return m;
 }
 
-/* Scale and inverse for a block of amax bits; 0 when the block is zero. */
-static int fp8_block_scale(const gift__minifmt_t *f, uint32_t maxbits, float *scale, float *inv)
-{
-    float amax = gift__u2f(maxbits);
-    float s = amax / f->fmax;
-    if (!(s >= FLT_MIN)) {
-        *scale = 0.0f;
-        *inv = 0.0f;
-        return 0;
-    }
-    *scale = s;
-    *inv = f->fmax / amax;
-    return 1;
-}
-
 /* fp8 encode of all blocks, RNE (s == NULL) or stochastic (bits from s). */
 static int fp8_encode_any(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
                           float *scales, uint8_t *codes, sr_stream_t *s)
@@ -270,7 +255,7 @@ static int fp8_encode_any(const gift__minifmt_t *f, const float *x, size_t n, si
         float scale, inv;
         if (mb >= 0x7F800000u)
             return GIFT_ENONFINITE;
-        if (!fp8_block_scale(f, mb, &scale, &inv)) {
+        if (!gift__fp8_block_scale(f, mb, &scale, &inv)) {
             scales[bi] = 0.0f;
             memset(codes + b0, 0, len);
             continue;
@@ -1102,7 +1087,7 @@ int gift_boundary_hits(const gift_codec_params_t *p, const float *x, const void 
         if (p->fmt == GIFT_FMT_E4M3 || p->fmt == GIFT_FMT_E5M2) {
             float scale;
             f = fp8_fmt(p->fmt);
-            if (fp8_block_scale(f, scalar_amax_bits(x + b0, len_b), &scale, &inv) == 0)
+            if (gift__fp8_block_scale(f, scalar_amax_bits(x + b0, len_b), &scale, &inv) == 0)
                 inv = 0.0f;
             mid = sat_midpoint(f);
         } else if (p->fmt == GIFT_FMT_NVFP4) {

@@ -12,6 +12,7 @@
 #ifndef GIFT_KERNELS_H
 #define GIFT_KERNELS_H
 
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -172,6 +173,24 @@ static inline GIFT__HD float gift__mini_value(const gift__minifmt_t *f, uint32_t
     else
         v = (1.0f + (float)m * gift__pow2f(-f->mbits)) * gift__pow2f((int)e - f->bias);
     return (c >> f->signpos) & 1u ? -v : v;
+}
+
+/* fp8 block scale amax / fmax and its inverse fmax / amax from the block's
+ * largest magnitude (bits, finite); both 0 and returns 0 when the scale
+ * would be below FLT_MIN (the block is encoded as all zeros). */
+static inline int gift__fp8_block_scale(const gift__minifmt_t *f, uint32_t maxbits, float *scale,
+                                        float *inv)
+{
+    float amax = gift__u2f(maxbits);
+    float s = amax / f->fmax;
+    if (!(s >= FLT_MIN)) {
+        *scale = 0.0f;
+        *inv = 0.0f;
+        return 0;
+    }
+    *scale = s;
+    *inv = f->fmax / amax;
+    return 1;
 }
 
 /* bf16 round to nearest even, saturating to the finite max. */

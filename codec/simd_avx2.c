@@ -119,19 +119,11 @@ static int AVX2 avx2_fp8_encode(const gift__minifmt_t *f, const float *x, size_t
         for (size_t j = 0; j < gn; j++) {
             size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
             uint32_t mb = avx2_amax_bits(x + b0, len);
-            float amax = gift__u2f(mb), scale;
             if (mb >= 0x7F800000u) {
                 bad = j;
                 break;
             }
-            scale = amax / f->fmax;
-            if (!(scale >= FLT_MIN)) {
-                scales[g0 + j] = 0.0f;
-                inv[j] = 0.0f; /* all-zero codes */
-                continue;
-            }
-            scales[g0 + j] = scale;
-            inv[j] = f->fmax / amax;
+            gift__fp8_block_scale(f, mb, &scales[g0 + j], &inv[j]); /* inv 0: zero codes */
         }
         for (size_t j = 0; j < bad; j++) {
             size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;

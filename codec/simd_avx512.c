@@ -121,19 +121,11 @@ static int AVX512 avx512_fp8_encode(const gift__minifmt_t *f, const float *x, si
         for (size_t j = 0; j < gn; j++) {
             size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
             uint32_t mb = amax16(x + b0, len, _mm512_setzero_si512());
-            float amax = gift__u2f(mb), scale;
             if (mb >= 0x7F800000u) {
                 bad = j;
                 break;
             }
-            scale = amax / f->fmax;
-            if (!(scale >= FLT_MIN)) {
-                scales[g0 + j] = 0.0f;
-                inv[j] = 0.0f; /* all-zero codes */
-                continue;
-            }
-            scales[g0 + j] = scale;
-            inv[j] = f->fmax / amax;
+            gift__fp8_block_scale(f, mb, &scales[g0 + j], &inv[j]); /* inv 0: zero codes */
         }
         for (size_t j = 0; j < bad; j++) {
             size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
