@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# bench_check.sh GIFT_BENCH GIFTD: the benchmarks run end to end, small, and write
+# the JSON they promise. Performance is never asserted here (bench/ measures
+# it); this checks that each subcommand completes, that its JSON parses and
+# holds every row asked for with finite, positive figures, and that bad
+# options fail with exit 2 and a message instead of running.
+#
+#  1. gift-bench codec --mib 1 --repeats 1: a row per format and transform.
+#  2. gift-bench fidelity on a small synthetic layer: Euclidean and GIFT rows
+#     of fp8-e4m3 and nvfp4, errors finite and in (0, 1).
+#  3. gift-bench cluster: 1 shard it starts itself, 1 worker, 8 MiB in 1 MiB
+#     chunks, f32 and fp8-e4m3, Euclidean and GIFT, --inplace, 3 steps: every
+#     row has 3 measured steps and positive goodput; the raw baselines and the
+#     4 KiB probe ran; the targets block is present; no giftd is left behind.
+# Exit 77 (skipped) without /usr/bin/python3.
+set -euo pipefail
+
+bench=${1:?usage: bench_check.sh GIFT_BENCH GIFTD}
+giftd=${2:?usage: bench_check.sh GIFT_BENCH GIFTD}
+py=/usr/bin/python3
+[[ -x $py ]] || { echo "bench_check: $py not found; skipping" >&2; exit 77; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/bench-check-XXXXXX")
+# gift-bench cluster starts giftd through this link, so its shards can be
+# told from those of tests running beside this one.
+ln -s "$(readlink -f "$giftd")" "$work/giftd"
+trap 'pkill -KILL -f "$work/giftd" 2>/dev/null || true; rm -rf "$work"' EXIT
+fail() { echo "bench_check: FAIL: $*" >&2; exit 1; }
+
+run() { # name args...: runs gift-bench, output to $work/name.txt
+    local name=$1; shift
+    if ! timeout 300 "$bench" "$@" >"$work/$name.txt" 2>&1; then
+        tail -n 30 "$work/$name.txt" >&2
+        fail "gift-bench $* exited non-zero"
+    fi
+}
+
+# 1. codec
+run codec codec --mib 1 --repeats 1 --json "$work/codec.json"
+"$py" - "$work/codec.json" <<'PY' || fail "codec JSON (above)"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+rows = j["rows"]
+want = {(f, t) for f in ("f32", "bf16", "fp8-e4m3", "fp8-e5m2", "nvfp4") for t in ("euclidean", "gift")}
+got = {(r["format"], r["transform"]) for r in rows}
+assert want <= got, f"codec rows missing: {sorted(want - got)}"
+for r in rows:
+    for k in ("encode_gbps", "decode_gbps"):
+        v = r[k]
+        assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, f"{r['format']} {r['transform']} {k} = {v}"
+PY
+
+# 2. fidelity
+run fidelity fidelity --rows 64 --cols 128 --workers 2 --tokens 512 --json "$work/fidelity.json"
+"$py" - "$work/fidelity.json" <<'PY' || fail "fidelity JSON (above)"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+rows = j["rows"]
+for fmt in ("fp8-e4m3", "nvfp4"):
+    for tr in ("euclidean", "gift"):
+        sel = [r for r in rows if r["format"] == fmt and r["transform"] == tr]
+        assert sel, f"no {fmt} {tr} row"
+        for r in sel:
+            for k in ("rel_l2", "whitened", "muon"):
+                v = r[k]
+                assert math.isfinite(v) and 0 < v < 1, f"{fmt} {tr} k={r.get('k')} {k} = {v}"
+PY
+
+# 3. cluster
+run cluster cluster --mib 8 --chunk-mib 1 --steps 3 --warmup 1 --codecs f32,fp8-e4m3 \
+    --transforms euclidean,gift --k 8 --rtt-iters 50 --stream-reps 2 --inplace \
+    --giftd "$work/giftd" --json "$work/cluster.json"
+"$py" - "$work/cluster.json" <<'PY' || fail "cluster JSON (above)"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+assert j["inplace"] == 1, f"inplace = {j['inplace']}"
+rows = j["rows"]
+want = {(c, t) for c in ("f32", "fp8-e4m3") for t in ("euclidean", "gift")}
+got = {(r["codec"], r["transform"]) for r in rows}
+assert got == want, f"cluster rows {sorted(got)}, expected {sorted(want)}"
+for r in rows:
+    assert r["steps"] == 3, f"{r['codec']} {r['transform']}: {r['steps']} measured steps, expected 3"
+    for k in ("goodput_gbps", "wire_gbps", "step_p50_ms"):
+        v = r[k]
+        assert math.isfinite(v) and v > 0, f"{r['codec']} {r['transform']} {k} = {v}"
+t = j["targets"]
+for k in ("f32_wire_x_raw_stream", "fp8_goodput_x_f32", "probe_4k_x_raw_rtt"):
+    assert math.isfinite(t[k]) and t[k] > 0, f"targets {k} = {t[k]}"
+PY
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+    pgrep -f "$work/giftd" >/dev/null 2>&1 || break
+    sleep 0.2
+done
+if pgrep -f "$work/giftd" >/dev/null 2>&1; then
+    fail "a giftd started by gift-bench cluster is still running: $(pgrep -af "$work/giftd")"
+fi
+grep -q "giftd" "$work/cluster.txt" || fail "cluster output does not name the shards it started"
+
+# 4. bad options: exit 2 and a message, nothing run
+for args in "cluster --steps 0" "cluster --codecs f33" "codec --mib -1" "nosuch"; do
+    set +e
+    # shellcheck disable=SC2086
+    "$bench" $args >"$work/bad.txt" 2>&1
+    rc=$?
+    set -e
+    [[ $rc -eq 2 ]] || { cat "$work/bad.txt" >&2; fail "gift-bench $args: exit $rc, expected 2"; }
+    [[ -s $work/bad.txt ]] || fail "gift-bench $args: exit 2 without a message"
+done
+echo "bench_check: codec, fidelity, cluster and bad options: all passed"
