@@ -193,6 +193,49 @@ static inline int gift__fp8_block_scale(const gift__minifmt_t *f, uint32_t maxbi
     return 1;
 }
 
+/* The fp8 encode of the SIMD paths: blocks taken GIFT__FP8_GROUP at a time,
+ * first every block's amax (amax) and scale (gift__fp8_block_scale), then
+ * every block's codes (codes, or zeros for a zero block), so the serial part
+ * of a block (reduction, divisions) overlaps the others instead of stalling
+ * each. Returns 0 or GIFT_ENONFINITE (the blocks before the bad one are
+ * written, as the scalar path leaves them). Always inlined into each SIMD
+ * file's encode, so amax and codes become direct calls of that file's
+ * target. */
+#define GIFT__FP8_GROUP 8
+typedef uint32_t (*gift__fp8_amax_fn)(const float *x, size_t n);
+typedef void (*gift__fp8_codes_fn)(const gift__minifmt_t *f, const float *xb, size_t len,
+                                   float inv, uint8_t *cb);
+static inline __attribute__((always_inline)) int
+gift__fp8_encode_groups(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
+                        float *scales, uint8_t *codes, gift__fp8_amax_fn amax,
+                        gift__fp8_codes_fn block_codes)
+{
+    const size_t nb = (n + block - 1) / block;
+    for (size_t g0 = 0; g0 < nb; g0 += GIFT__FP8_GROUP) {
+        size_t gn = nb - g0 < GIFT__FP8_GROUP ? nb - g0 : GIFT__FP8_GROUP, bad = gn;
+        float inv[GIFT__FP8_GROUP];
+        for (size_t j = 0; j < gn; j++) {
+            size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
+            uint32_t mb = amax(x + b0, len);
+            if (mb >= 0x7F800000u) {
+                bad = j;
+                break;
+            }
+            gift__fp8_block_scale(f, mb, &scales[g0 + j], &inv[j]); /* inv 0: zero codes */
+        }
+        for (size_t j = 0; j < bad; j++) {
+            size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
+            if (inv[j] == 0.0f)
+                memset(codes + b0, 0, len);
+            else
+                block_codes(f, x + b0, len, inv[j], codes + b0);
+        }
+        if (bad < gn)
+            return GIFT_ENONFINITE;
+    }
+    return 0;
+}
+
 /* bf16 round to nearest even, saturating to the finite max. */
 static inline GIFT__HD uint16_t gift__bf16_rne(float y)
 {

@@ -102,10 +102,11 @@ static inline void AVX512 fp8_block_codes(const gift__minifmt_t *f, const float 
     }
 }
 
-/* Blocks are taken FP8_GROUP at a time: first every block's amax and its
- * two divisions, then every block's codes, so the serial part of a block
- * (reduction, divisions) overlaps the others instead of stalling each. */
-#define FP8_GROUP 8
+/* One block's amax for the shared group driver (gift__fp8_encode_groups). */
+static inline uint32_t AVX512 fp8_block_amax(const float *x, size_t len)
+{
+    return amax16(x, len, _mm512_setzero_si512());
+}
 
 static int AVX512 avx512_fp8_encode(const gift__minifmt_t *f, const float *x, size_t n,
                                     size_t block, float *scales, uint8_t *codes)
@@ -113,31 +114,8 @@ static int AVX512 avx512_fp8_encode(const gift__minifmt_t *f, const float *x, si
     /* A local copy: the code stores (char) may alias *f, which would reload
      * it and rebuild every constant per vector. */
     const gift__minifmt_t fl = *f;
-    const size_t nb = (n + block - 1) / block;
-    f = &fl;
-    for (size_t g0 = 0; g0 < nb; g0 += FP8_GROUP) {
-        size_t gn = nb - g0 < FP8_GROUP ? nb - g0 : FP8_GROUP, bad = gn;
-        float inv[FP8_GROUP];
-        for (size_t j = 0; j < gn; j++) {
-            size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
-            uint32_t mb = amax16(x + b0, len, _mm512_setzero_si512());
-            if (mb >= 0x7F800000u) {
-                bad = j;
-                break;
-            }
-            gift__fp8_block_scale(f, mb, &scales[g0 + j], &inv[j]); /* inv 0: zero codes */
-        }
-        for (size_t j = 0; j < bad; j++) {
-            size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
-            if (inv[j] == 0.0f)
-                memset(codes + b0, 0, len);
-            else
-                fp8_block_codes(f, x + b0, len, inv[j], codes + b0);
-        }
-        if (bad < gn)
-            return GIFT_ENONFINITE;
-    }
-    return 0;
+    return gift__fp8_encode_groups(&fl, x, n, block, scales, codes, fp8_block_amax,
+                                   fp8_block_codes);
 }
 
 /* 16 codes (one per 32-bit lane, finite) to their fp32 values, unscaled:
