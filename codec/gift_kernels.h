@@ -202,6 +202,16 @@ static inline int gift__fp8_block_scale(const gift__minifmt_t *f, uint32_t maxbi
  * file's encode, so amax and codes become direct calls of that file's
  * target. */
 #define GIFT__FP8_GROUP 8
+/* How far ahead of the group being encoded the input is prefetched, every
+ * line, for inputs of at least GIFT__FP8_PF_MIN bytes. A worker's gradient
+ * (64 MiB encoded in 4 MiB chunks, not in the cache) was encoded at 0.7-0.9x
+ * memcpy's rate without it and 1.0-1.1x with it (AVX-512; AVX2 0.85 ->
+ * 0.92x); 4 and 16 KiB ahead measured the same as 8, every second line
+ * 0.85x, 0.5-2 KiB ahead inside the amax loop nothing. On data already in
+ * the cache it costs ~5%, hence the floor: the shard encodes 16 KiB slices
+ * of a cache-resident sum. */
+#define GIFT__FP8_PF_BYTES 8192u
+#define GIFT__FP8_PF_MIN (256u * 1024u)
 typedef uint32_t (*gift__fp8_amax_fn)(const float *x, size_t n);
 typedef void (*gift__fp8_codes_fn)(const gift__minifmt_t *f, const float *xb, size_t len,
                                    float inv, uint8_t *cb);
@@ -211,6 +221,10 @@ gift__fp8_encode_groups(const gift__minifmt_t *f, const float *x, size_t n, size
                         gift__fp8_codes_fn block_codes)
 {
     const size_t nb = (n + block - 1) / block;
+    const size_t nbytes = n * sizeof(float);
+    /* bytes of x prefetched so far; a small x (a slice of a cache-resident
+     * buffer, the shard's case) is not prefetched at all */
+    size_t pf = nbytes < GIFT__FP8_PF_MIN ? nbytes : 0;
     for (size_t g0 = 0; g0 < nb; g0 += GIFT__FP8_GROUP) {
         size_t gn = nb - g0 < GIFT__FP8_GROUP ? nb - g0 : GIFT__FP8_GROUP, bad = gn;
         float inv[GIFT__FP8_GROUP];
@@ -223,6 +237,13 @@ gift__fp8_encode_groups(const gift__minifmt_t *f, const float *x, size_t n, size
             }
             gift__fp8_block_scale(f, mb, &scales[g0 + j], &inv[j]); /* inv 0: zero codes */
         }
+        /* Ask for the input GIFT__FP8_PF_BYTES past this group now, while its
+         * codes are computed from the cache: the amax loads of the next
+         * groups then find their lines on the way instead of each group's
+         * loads waiting on memory alone. */
+        for (size_t pf_to = (g0 + gn) * block * sizeof(float) + GIFT__FP8_PF_BYTES;
+             pf < pf_to && pf < nbytes; pf += 64)
+            __builtin_prefetch((const char *)x + pf, 0, 3);
         for (size_t j = 0; j < bad; j++) {
             size_t b0 = (g0 + j) * block, len = n - b0 < block ? n - b0 : block;
             if (inv[j] == 0.0f)
