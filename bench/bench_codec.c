@@ -45,6 +45,7 @@ static const gift_format_t codec_formats[] = {GIFT_FMT_F32, GIFT_FMT_BF16, GIFT_
 
 typedef struct codec_opts {
     long mib;
+    long chunk_mib; /* 0: the whole tensor in one call */
     long repeats;
     long din;
     long k;
@@ -72,6 +73,8 @@ typedef struct codec_row {
 /* Buffers, all allocated once before anything is timed. */
 typedef struct codec_bufs {
     size_t n;
+    size_t chunk_n;   /* elements per encode / decode call (n, or --chunk-mib's) */
+    size_t chunk_cap; /* payload bytes kept per call; payload holds n / chunk_n of them */
     int rows, din;
     float *x;      /* input, n */
     float *t;      /* transformed, n */
@@ -86,8 +89,8 @@ typedef struct codec_bufs {
 void bench_codec_usage(FILE *f)
 {
     fprintf(f,
-            "usage: gift-bench codec [--mib N] [--repeats R] [--din D] [--k K] [--seed S]\n"
-            "                        [--simd scalar|avx2|avx512] [--gpu] [--json FILE]\n"
+            "usage: gift-bench codec [--mib N] [--chunk-mib C] [--repeats R] [--din D] [--k K]\n"
+            "                        [--seed S] [--simd scalar|avx2|avx512] [--gpu] [--json FILE]\n"
             "\n"
             "Encode and decode throughput of f32, bf16, fp8-e4m3, fp8-e5m2 and nvfp4 on one\n"
             "core, for one fp32 tensor of N MiB (n = N * 262144 elements, gradient-like\n"
@@ -107,6 +110,10 @@ void bench_codec_usage(FILE *f)
             "\n"
             "options:\n"
             "  --mib N        tensor size in MiB of fp32 (default 64)\n"
+            "  --chunk-mib C  encode and decode the tensor in calls of C MiB each (C divides\n"
+            "                 N), as libgiftclient does a tensor's chunks (4 MiB by default)\n"
+            "                 and a worker's gradient is out of the cache; default 0: the\n"
+            "                 whole tensor in one call. CPU only.\n"
             "  --repeats R    timed runs per measurement (default 7)\n"
             "  --din D        columns of the gift tensor; must divide n (default 1024)\n"
             "  --k K          rank of the gift transform (default 32)\n"
@@ -129,6 +136,7 @@ void bench_codec_usage(FILE *f)
 static int parse_opts(int argc, char **argv, codec_opts_t *o)
 {
     o->mib = 64;
+    o->chunk_mib = 0;
     o->repeats = 7;
     o->din = 1024;
     o->k = 32;
@@ -144,6 +152,10 @@ static int parse_opts(int argc, char **argv, codec_opts_t *o)
             return 1;
         } else if (strcmp(a, "--mib") == 0) {
             if (bench_parse_long(a, v, 1, 16384, &o->mib) < 0)
+                return -1;
+            i++;
+        } else if (strcmp(a, "--chunk-mib") == 0) {
+            if (bench_parse_long(a, v, 0, 16384, &o->chunk_mib) < 0)
                 return -1;
             i++;
         } else if (strcmp(a, "--repeats") == 0) {
@@ -193,6 +205,15 @@ static int parse_opts(int argc, char **argv, codec_opts_t *o)
             fprintf(stderr, "gift-bench codec: unknown option '%s' (see --help)\n", a);
             return -1;
         }
+    }
+    if (o->chunk_mib > 0 && (o->chunk_mib > o->mib || o->mib % o->chunk_mib != 0)) {
+        fprintf(stderr, "gift-bench: --chunk-mib %ld does not divide --mib %ld\n", o->chunk_mib,
+                o->mib);
+        return -1;
+    }
+    if (o->chunk_mib > 0 && o->gpu) {
+        fprintf(stderr, "gift-bench: --chunk-mib is for the CPU codec, not --gpu\n");
+        return -1;
     }
     if (o->k > o->din) {
         fprintf(stderr, "gift-bench: --k %ld is larger than --din %ld\n", o->k, o->din);
@@ -288,7 +309,23 @@ static int run_encode(codec_bufs_t *b, const gift_codec_params_t *p, int gift)
             return rc;
         src = b->t;
     }
-    return gift_encode(p, src, b->n, b->payload, b->cap);
+    for (size_t i = 0, c = 0; i < b->n; i += b->chunk_n, c++)
+        if ((rc = gift_encode(p, src + i, b->chunk_n, (char *)b->payload + c * b->chunk_cap,
+                              b->chunk_cap)) < 0)
+            return rc;
+    return 0;
+}
+
+/* Decodes every chunk of the payload (len bytes each) into dst. */
+static int decode_chunks(codec_bufs_t *b, const gift_codec_params_t *p, size_t len, float *dst)
+{
+    int rc;
+
+    for (size_t i = 0, c = 0; i < b->n; i += b->chunk_n, c++)
+        if ((rc = gift_decode(p, (const char *)b->payload + c * b->chunk_cap, len, b->chunk_n,
+                              dst + i)) < 0)
+            return rc;
+    return 0;
 }
 
 static int run_decode(codec_bufs_t *b, const gift_codec_params_t *p, int gift, size_t len)
@@ -296,8 +333,8 @@ static int run_decode(codec_bufs_t *b, const gift_codec_params_t *p, int gift, s
     int rc;
 
     if (!gift)
-        return gift_decode(p, b->payload, len, b->n, b->out);
-    if ((rc = gift_decode(p, b->payload, len, b->n, b->t)) < 0)
+        return decode_chunks(b, p, len, b->out);
+    if ((rc = decode_chunks(b, p, len, b->t)) < 0)
         return rc;
     return gift_transform(&b->g, 1, b->t, b->rows, b->out, b->work);
 }
@@ -326,16 +363,16 @@ static int bench_row(codec_bufs_t *b, codec_row_t *row, long repeats)
 
     memset(&p, 0, sizeof(p));
     p.fmt = row->fmt;
-    if ((rc = gift_layout(&p, b->n, &lay)) < 0) {
+    if ((rc = gift_layout(&p, b->chunk_n, &lay)) < 0) {
         fprintf(stderr, "gift-bench: gift_layout(%s): %s\n", name, gift_strerror(rc));
         return rc;
     }
-    if (lay.total > b->cap) {
+    if (lay.total > b->chunk_cap) {
         fprintf(stderr, "gift-bench: %s payload of %zu bytes exceeds the %zu allocated\n", name,
-                lay.total, b->cap);
+                lay.total, b->chunk_cap);
         return GIFT_ENOSPC;
     }
-    row->payload_bytes = lay.total;
+    row->payload_bytes = lay.total * (b->n / b->chunk_n);
     /* Warm-up, which also checks the round trip. */
     if ((rc = run_encode(b, &p, row->gift)) < 0) {
         fprintf(stderr, "gift-bench: encode %s %s: %s\n", name, tr, gift_strerror(rc));
@@ -440,6 +477,7 @@ static int write_json(const codec_opts_t *o, const codec_bufs_t *b, const codec_
     bench_json_str(&j, "simd", gift_simd_name(gift_simd_active()));
     bench_json_str(&j, "simd_best", gift_simd_name(gift_simd_best()));
     bench_json_int(&j, "mib", o->mib);
+    bench_json_int(&j, "chunk_mib", o->chunk_mib);
     bench_json_int(&j, "n", (long long)b->n);
     bench_json_int(&j, "bytes_fp32", (long long)(4 * b->n));
     bench_json_int(&j, "repeats", o->repeats);
@@ -932,7 +970,7 @@ int bench_codec_main(int argc, char **argv)
     size_t nrows = 2 * CODEC_NFORMATS;
     double *mc_s = NULL, *tf = NULL, *ti = NULL, tmp[2 * CODEC_MAX_REPEATS];
     double mc_gbps, tf_gbps, ti_gbps, t_start = bench_now(), wall;
-    char cpu[256], date[64];
+    char cpu[256], date[64], chunks[96];
     int rc, status = 1, fail = 0;
 
     memset(&b, 0, sizeof(b));
@@ -950,22 +988,25 @@ int bench_codec_main(int argc, char **argv)
     b.din = (int)o.din;
     b.rows = (int)(b.n / (size_t)o.din);
 
+    b.chunk_n = o.chunk_mib > 0 ? (size_t)o.chunk_mib << 18 : b.n;
+
     /* Every buffer once, up front. */
-    b.cap = 0;
+    b.chunk_cap = 0;
     for (size_t i = 0; i < CODEC_NFORMATS; i++) {
         gift_codec_params_t p;
         gift_layout_t lay;
 
         memset(&p, 0, sizeof(p));
         p.fmt = codec_formats[i];
-        if ((rc = gift_layout(&p, b.n, &lay)) < 0) {
+        if ((rc = gift_layout(&p, b.chunk_n, &lay)) < 0) {
             fprintf(stderr, "gift-bench: gift_layout(%s): %s\n", gift_format_name(codec_formats[i]),
                     gift_strerror(rc));
             goto out;
         }
-        if (lay.total > b.cap)
-            b.cap = lay.total;
+        if (lay.total > b.chunk_cap)
+            b.chunk_cap = lay.total;
     }
+    b.cap = b.chunk_cap * (b.n / b.chunk_n);
     b.x = bench_alloc(b.n * sizeof(float));
     b.t = bench_alloc(b.n * sizeof(float));
     b.out = bench_alloc(b.n * sizeof(float));
@@ -1013,12 +1054,17 @@ int bench_codec_main(int argc, char **argv)
     memcpy(tmp, ti, (size_t)o.repeats * sizeof(double));
     ti_gbps = 4.0 * (double)b.n / bench_median(tmp, (size_t)o.repeats) / 1e9;
 
+    if (o.chunk_mib > 0)
+        snprintf(chunks, sizeof(chunks), "encoded and decoded in %zu calls of %ld MiB",
+                 b.n / b.chunk_n, o.chunk_mib);
+    else
+        snprintf(chunks, sizeof(chunks), "one encode and one decode call");
     printf("## gift-bench codec\n\n");
     printf("- date %s; CPU %s; %ld cores online; SIMD path %s (best on this CPU: %s)\n", date, cpu,
            bench_cpu_count(), gift_simd_name(gift_simd_active()), gift_simd_name(gift_simd_best()));
-    printf("- tensor: %ld MiB of fp32 (n = %zu); gift rows: %d x %d, k = %d, ks = %d, epoch "
-           "%u; one core, BLAS on one thread\n",
-           o.mib, b.n, b.rows, b.din, b.g.k, b.g.ks, b.g.epoch);
+    printf("- tensor: %ld MiB of fp32 (n = %zu), %s; gift rows: %d x %d, k = %d, ks = %d, "
+           "epoch %u; one core, BLAS on one thread\n",
+           o.mib, b.n, chunks, b.rows, b.din, b.g.k, b.g.ks, b.g.epoch);
     printf("- GB/s = 4n bytes / median of %ld runs (1 GB = 1e9 B); memcpy of the same %zu "
            "bytes: **%.2f GB/s** (median of %ld runs)\n\n",
            o.repeats, 4 * b.n, mc_gbps, 2 * o.repeats);

@@ -5,7 +5,11 @@
 # holds every row asked for with finite, positive figures, and that bad
 # options fail with exit 2 and a message instead of running.
 #
-#  1. gift-bench codec --mib 1 --repeats 1: a row per format and transform.
+#  1. gift-bench codec --mib 2 --repeats 1: a row per format and transform;
+#     again with --chunk-mib 1 (two calls per encode, as the client does):
+#     the same rows, and the same round-trip error for every format whose
+#     blocks do not cross the 1 MiB boundary (all but nvfp4, whose tensor
+#     scale is per call).
 #  2. gift-bench fidelity on a small synthetic layer: Euclidean and GIFT rows
 #     of fp8-e4m3 and nvfp4, errors finite and in (0, 1).
 #  3. gift-bench cluster: 1 shard it starts itself, 1 worker, 8 MiB in 1 MiB
@@ -36,18 +40,27 @@ run() { # name args...: runs gift-bench, output to $work/name.txt
 }
 
 # 1. codec
-run codec codec --mib 1 --repeats 1 --json "$work/codec.json"
-"$py" - "$work/codec.json" <<'PY' || fail "codec JSON (above)"
+run codec codec --mib 2 --repeats 1 --json "$work/codec.json"
+run codec-chunks codec --mib 2 --chunk-mib 1 --repeats 1 --json "$work/codec-chunks.json"
+"$py" - "$work/codec.json" "$work/codec-chunks.json" <<'PY' || fail "codec JSON (above)"
 import json, math, sys
-j = json.load(open(sys.argv[1]))
-rows = j["rows"]
+whole, chunked = (json.load(open(f)) for f in sys.argv[1:3])
+assert whole["chunk_mib"] == 0 and chunked["chunk_mib"] == 1, \
+    f"chunk_mib {whole['chunk_mib']} / {chunked['chunk_mib']}, expected 0 / 1"
 want = {(f, t) for f in ("f32", "bf16", "fp8-e4m3", "fp8-e5m2", "nvfp4") for t in ("euclidean", "gift")}
-got = {(r["format"], r["transform"]) for r in rows}
-assert want <= got, f"codec rows missing: {sorted(want - got)}"
-for r in rows:
-    for k in ("encode_gbps", "decode_gbps"):
-        v = r[k]
-        assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, f"{r['format']} {r['transform']} {k} = {v}"
+for j in (whole, chunked):
+    rows = j["rows"]
+    got = {(r["format"], r["transform"]) for r in rows}
+    assert want <= got, f"codec rows missing (chunk_mib {j['chunk_mib']}): {sorted(want - got)}"
+    for r in rows:
+        for k in ("encode_gbps", "decode_gbps"):
+            v = r[k]
+            assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, f"{r['format']} {r['transform']} {k} = {v}"
+err = {(r["format"], r["transform"]): r["roundtrip_rel_l2"] for r in whole["rows"]}
+for r in chunked["rows"]:
+    key = (r["format"], r["transform"])
+    if r["format"] != "nvfp4":
+        assert r["roundtrip_rel_l2"] == err[key], f"{key}: relL2 {r['roundtrip_rel_l2']} in 1 MiB calls, {err[key]} in one"
 PY
 
 # 2. fidelity
@@ -97,7 +110,8 @@ fi
 grep -q "giftd" "$work/cluster.txt" || fail "cluster output does not name the shards it started"
 
 # 4. bad options: exit 2 and a message, nothing run
-for args in "cluster --steps 0" "cluster --codecs f33" "codec --mib -1" "nosuch"; do
+for args in "cluster --steps 0" "cluster --codecs f33" "codec --mib -1" "codec --mib 2 --chunk-mib 3" \
+    "nosuch"; do
     set +e
     # shellcheck disable=SC2086
     "$bench" $args >"$work/bad.txt" 2>&1
