@@ -204,8 +204,8 @@ static inline int gift__fp8_block_scale(const gift__minifmt_t *f, uint32_t maxbi
 #define GIFT__FP8_GROUP 8
 /* How far ahead of the group being encoded the input is prefetched, every
  * line, for inputs of at least GIFT__FP8_PF_MIN bytes. A worker's gradient
- * (64 MiB encoded in 4 MiB chunks, not in the cache) was encoded at 0.7-0.9x
- * memcpy's rate without it and 1.0-1.1x with it (AVX-512; AVX2 0.85 ->
+ * (64 MiB encoded in 4 MiB chunks, not in the cache) was encoded at 0.7-1.0x
+ * memcpy's rate without it and 1.0-1.1x with it (AVX-512; AVX2 0.6-0.9 ->
  * 0.92x); 4 and 16 KiB ahead measured the same as 8, every second line
  * 0.85x, 0.5-2 KiB ahead inside the amax loop nothing. On data already in
  * the cache it costs ~5%, hence the floor: the shard encodes 16 KiB slices
