@@ -70,6 +70,7 @@ typedef struct uconn {
     int tcp_active;                /* tcp initialised and its close callback not yet run */
     int connected;                 /* established and not being dropped */
     uint32_t backoff_ms;
+    int rcvlowat;                  /* SO_RCVLOWAT set last (gift_sock_rcvlowat), 0: none */
 } uconn_t;
 
 struct gift__net {
@@ -307,6 +308,15 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init((char *)p, (unsigned)(avail > (1u << 30) ? (1u << 30) : avail));
 }
 
+/* A pulled chunk's reply is large: let the kernel wake this thread once it
+ * has most of it instead of once per loopback segment. */
+static void wake_for_frame(uconn_t *u)
+{
+    uv_os_fd_t fd;
+    if (u->connected && uv_fileno((uv_handle_t *)&u->tcp, &fd) == 0)
+        (void)gift_sock_rcvlowat(fd, gift_reader_missing(u->reader), &u->rcvlowat);
+}
+
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
     uconn_t *u = st->data;
@@ -339,6 +349,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
             return;
         }
     }
+    wake_for_frame(u);
 }
 
 /* A shard that vanished while this connection was idle (a parked pull, say:
@@ -381,6 +392,7 @@ static void on_connect(uv_connect_t *req, int status)
     }
     uv_tcp_nodelay(&u->tcp, 1);
     keepalive(&u->tcp);
+    u->rcvlowat = 0; /* a new socket */
     if ((u->reader = gift_reader_new(&net->limits)) == NULL ||
         uv_read_start((uv_stream_t *)&u->tcp, on_alloc, on_read) < 0) {
         uv_close((uv_handle_t *)&u->tcp, on_tcp_closed);

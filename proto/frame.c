@@ -435,6 +435,12 @@ size_t gift_reader_buffered(const gift_reader_t *r)
     return r->wpos - r->rpos;
 }
 
+size_t gift_reader_missing(const gift_reader_t *r)
+{
+    size_t used = r->wpos - r->rpos;
+    return r->err == 0 && r->head_total > used ? r->head_total - used : 0;
+}
+
 size_t gift__reader_capacity(const gift_reader_t *r)
 {
     return r->cap;

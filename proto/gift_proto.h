@@ -88,6 +88,12 @@ int gift_reader_eof(gift_reader_t *r);
 /* Bytes buffered and not yet returned as frames. */
 size_t gift_reader_buffered(const gift_reader_t *r);
 
+/* Bytes still missing from the frame being read, as gift_reader_next last
+ * saw it: 0 before its 16-byte preamble has been seen and once nothing is
+ * missing. A socket reader can ask the kernel not to wake it before they
+ * have arrived (gift_sock_rcvlowat). */
+size_t gift_reader_missing(const gift_reader_t *r);
+
 /* Size of preamble + packed header for env. */
 size_t gift_frame_head_size(const Gift__Envelope *env);
 

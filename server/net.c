@@ -62,6 +62,7 @@ typedef struct conn {
     int in_list;
     uint64_t t_accept; /* uv_now at accept: the Hello must follow within GIFT_HANDSHAKE_MS */
     int expired;       /* refused for a missing Hello; closing */
+    int rcvlowat;      /* SO_RCVLOWAT set last (gift_sock_rcvlowat), 0: none */
     struct conn *next, *prev;
 } conn_t;
 
@@ -336,6 +337,14 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         }
         if (gift_shard_handle(c->srv->shard, c->peer, &f) < 0)
             return;
+    }
+    if (!c->closing) {
+        /* A push of a large chunk: wake this loop once it has mostly
+         * arrived, not once per loopback segment (gift_sock_rcvlowat). The
+         * worker's CPU, which sends it, pays for every wake-up. */
+        uv_os_fd_t fd;
+        if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+            (void)gift_sock_rcvlowat(fd, gift_reader_missing(c->reader), &c->rcvlowat);
     }
 }
 

@@ -925,16 +925,25 @@ START_TEST(test_truncated)
     /* A whole frame first: eof is about the bytes after it only. */
     ck_assert_int_eq(gift_reader_feed(rd, b.p, b.len), 0);
     ck_assert_int_eq(gift_reader_next(rd, &f), 1);
+    ck_assert_msg(gift_reader_missing(rd) == 0, "missing %zu after a whole frame",
+                  gift_reader_missing(rd));
     ck_assert_int_eq(gift_reader_feed(rd, b.p, cut), 0);
     rc = gift_reader_next(rd, &f);
     ck_assert_msg(rc == 0, "cut at %zu of %zu: next = %d, want 0", cut, b.len, rc);
     ck_assert_msg(gift_reader_buffered(rd) == cut, "buffered %zu, want %zu",
                   gift_reader_buffered(rd), cut);
+    /* What a socket reader may wait for: the rest of the frame, once its
+     * preamble says how long it is. */
+    ck_assert_msg(gift_reader_missing(rd) == (cut >= 16 ? b.len - cut : 0),
+                  "cut at %zu of %zu: missing %zu, want %zu", cut, b.len, gift_reader_missing(rd),
+                  cut >= 16 ? b.len - cut : 0);
     rc = gift_reader_eof(rd);
     ck_assert_msg(rc == GIFT_ETRUNCATED, "cut at %zu of %zu: eof = %d (%s), want GIFT_ETRUNCATED",
                   cut, b.len, rc, gift_strerror(rc));
     rc = gift_reader_next(rd, &f);
     ck_assert_msg(rc == GIFT_ETRUNCATED, "next after eof = %d, want sticky GIFT_ETRUNCATED", rc);
+    ck_assert_msg(gift_reader_missing(rd) == 0, "missing %zu after a stream error",
+                  gift_reader_missing(rd));
     bytes_free(&b);
 }
 END_TEST
