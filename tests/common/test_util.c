@@ -108,13 +108,22 @@ START_TEST(test_marks)
 }
 END_TEST
 
-START_TEST(test_holds_until_in)
+/* Sets the mark for a frame missing `missing` bytes, sends `sent` of them
+ * (fewer) and checks that rx is held back; returns the mark. */
+static int hold(size_t missing, size_t sent)
 {
     int cur = 0;
 
-    ck_assert_int_eq(gift_sock_rcvlowat(rx, 300000, &cur), 0);
-    send_all(100000);
-    ck_assert_msg(!readable(200), "readable with 100000 of 300000 bytes in");
+    ck_assert_int_eq(gift_sock_rcvlowat(rx, missing, &cur), 0);
+    send_all(sent);
+    ck_assert_msg(!readable(200), "readable with %zu of %zu bytes in", sent, missing);
+    return cur;
+}
+
+START_TEST(test_holds_until_in)
+{
+    int cur = hold(300000, 100000);
+
     send_all(200000);
     ck_assert_msg(readable(5000), "not readable with all 300000 bytes in");
     /* Back to the default: readable with a byte. */
@@ -126,11 +135,7 @@ END_TEST
 
 START_TEST(test_peer_close_wakes)
 {
-    int cur = 0;
-
-    ck_assert_int_eq(gift_sock_rcvlowat(rx, 300000, &cur), 0);
-    send_all(1000);
-    ck_assert_msg(!readable(200), "readable with 1000 of 300000 bytes in");
+    hold(300000, 1000);
     ck_assert_int_eq(shutdown(tx, SHUT_WR), 0);
     ck_assert_msg(readable(5000), "a peer that closed with 1000 of 300000 bytes sent: not woken");
 }
