@@ -308,8 +308,9 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init((char *)p, (unsigned)(avail > (1u << 30) ? (1u << 30) : avail));
 }
 
-/* A pulled chunk's reply is large: let the kernel wake this thread once it
- * has most of it instead of once per loopback segment. */
+/* A large frame (a pulled chunk's reply): let the kernel wake this thread
+ * once it has most of it instead of once per loopback segment
+ * (gift_sock_rcvlowat; small frames keep the default mark of 1). */
 static void wake_for_frame(uconn_t *u)
 {
     uv_os_fd_t fd;
