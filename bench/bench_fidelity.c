@@ -58,6 +58,7 @@ typedef struct fid_opts {
     const char *scov[FID_MAX_SCOV]; /* --sketch-cov: the geometry's covariances, step-major */
     int nscov;
     double geo_decay;     /* --geometry-decay: gift_geometry_update_decay's decay */
+    double damping;       /* --damping: the transform's (not the metric's) damping */
     int geo_plain;        /* --geometry-decay-plain: the same decay every round */
     int same_batch;       /* synthetic: sketch the step's own batch instead of fresh ones */
     double decay;         /* synthetic: s_i proportional to i^-decay */
@@ -126,6 +127,7 @@ typedef struct fid_state {
     int nrows;
     fid_synth_t s;
     double t_data, t_geometry, t_codecs;
+    double fp8_oracle; /* fp8_oracle_ratio */
 } fid_state_t;
 
 void bench_fidelity_usage(FILE *f)
@@ -152,6 +154,11 @@ void bench_fidelity_usage(FILE *f)
             "fp8-e4m3's. Targets: GIFT fp8-e4m3 at the default k <= %.1fx Euclidean fp8's\n"
             "whitened error; GIFT nvfp4 at full rank below Euclidean fp8's. Only the push\n"
             "leg is quantized (the server's re-encode for the pull is not modelled).\n"
+            "Also printed (JSON fp8_oracle_whitened_ratio): what fp8's relative error\n"
+            "predicts for GIFT fp8 with the measured step's own covariance as geometry,\n"
+            "sqrt(sum_w ||G_w L||^2 / sum_w sum_ij G_w,ij^2 (L^2)_jj), L = (A + dI)^-1/2:\n"
+            "a property of the data that no geometry built from other batches beat in\n"
+            "our measurements.\n"
             "\n"
             "Geometry, as the server builds it: gift_geometry_init (random basis, seed S),\n"
             "then N refresh rounds, each summing every worker's sketch and trace and\n"
@@ -201,6 +208,8 @@ void bench_fidelity_usage(FILE *f)
             "  --geometry-decay-plain  use B itself every round instead (a plain running\n"
             "                    average: the first round keeps weight B^n)\n"
             "  --block B         fp8 block size (default %d)\n"
+            "  --damping D       the geometry's damping (default %g, giftd's); the whitened\n"
+            "                    metric keeps %g whatever D is\n"
             "  --sketch-batch M  synthetic only: 'fresh' (default) or 'same' batch for sketches\n"
             "  --decay A         synthetic only: bulk spectrum s_i ~ i^-A (default 1.45)\n"
             "  --outliers N      synthetic only: outlier channels (default %d)\n"
@@ -213,7 +222,8 @@ void bench_fidelity_usage(FILE *f)
             "BLAS runs on one thread. The exit status is 0 when the run completes, whether or\n"
             "not the targets pass.\n",
             GIFT_DAMPING_DEFAULT, FID_TARGET_FP8, GIFT_DAMPING_DEFAULT, GIFT_OVERSAMPLE_DEFAULT,
-            FID_STUDENT_NU, FID_OUTLIERS_DEFAULT, GIFT_FP8_BLOCK_DEFAULT, FID_OUTLIERS_DEFAULT,
+            FID_STUDENT_NU, FID_OUTLIERS_DEFAULT, GIFT_FP8_BLOCK_DEFAULT, GIFT_DAMPING_DEFAULT,
+            GIFT_DAMPING_DEFAULT, FID_OUTLIERS_DEFAULT,
             BENCH_OUT_DIR);
 }
 
@@ -227,6 +237,7 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
     o->block = GIFT_FP8_BLOCK_DEFAULT;
     o->seed = 1;
     o->decay = FID_DECAY_DEFAULT;
+    o->damping = GIFT_DAMPING_DEFAULT;
     o->outlier_scale = 1.0;
     o->noutliers = FID_OUTLIERS_DEFAULT;
     o->json = BENCH_OUT_DIR "/fidelity.json";
@@ -268,6 +279,10 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
             i++;
         } else if (strcmp(a, "--geometry-decay-plain") == 0) {
             o->geo_plain = 1;
+        } else if (strcmp(a, "--damping") == 0) {
+            if (bench_parse_double(a, v, 1e-6, 10.0, &o->damping) < 0)
+                return -1;
+            i++;
         } else if (strcmp(a, "--geometry-decay") == 0) {
             if (bench_parse_double(a, v, 0.0, 0.999999, &o->geo_decay) < 0)
                 return -1;
@@ -825,7 +840,7 @@ static int build_geometries(fid_state_t *st)
             double b = st->o.geo_plain ? st->o.geo_decay
                                        : gift_geometry_decay_at(st->o.geo_decay, g->g.epoch);
 
-            if ((rc = gift_geometry_update_decay(&g->g, g->Ysum, g->trsum, GIFT_DAMPING_DEFAULT,
+            if ((rc = gift_geometry_update_decay(&g->g, g->Ysum, g->trsum, st->o.damping,
                                                  b)) < 0) {
                 fprintf(stderr, "gift-bench: gift_geometry_update (k %d, round %ld): %s\n", g->k,
                         round + 1, gift_strerror(rc));
@@ -952,6 +967,73 @@ static int run_codec(fid_state_t *st, fid_row_t *r)
     return 0;
 }
 
+/*
+ * What the relative-error model of fp8 predicts for GIFT fp8 with the
+ * geometry of the measured step itself (the oracle: T = (A + delta I)^-1/2 from
+ * the metric's own A), over Euclidean fp8's whitened error. An fp8 code errs
+ * by about a fixed fraction of each element (its exponent already scales each
+ * element), so worker w's Euclidean error in the whitened metric is about
+ * eps^2 sum_ij G_ij^2 (A+dI)^-1_jj and GIFT's with the oracle eps^2
+ * ||G_w (A+dI)^-1/2||^2; the ratio, summed over workers, is
+ *   sqrt(sum_w ||G_w L||^2 / sum_w sum_ij G_w,ij^2 (L^2)_jj),  L = (A+dI)^-1/2.
+ * It depends only on the data: how much whitening buys over per-coordinate
+ * scaling. Sets *out (NAN when it cannot be formed). Returns 0 or -1 (reported).
+ */
+static int fp8_oracle_ratio(const fid_state_t *st, double *out)
+{
+    size_t nd = (size_t)st->din, nx = st->N;
+    double *V, *lam, *diag, *X, tr = 0.0, delta, num = 0.0, den = 0.0;
+
+    *out = NAN;
+    V = malloc((nd * nd + 2 * nd + 2 * nx) * sizeof(double));
+    if (V == NULL) {
+        fprintf(stderr, "gift-bench: out of memory\n");
+        return -1;
+    }
+    lam = V + nd * nd;
+    diag = lam + nd;
+    X = diag + nd;
+    for (size_t i = 0; i < nd; i++) {
+        tr += st->A[i * nd + i];
+        for (size_t j = 0; j < nd; j++)
+            V[j * nd + i] = 0.5 * ((double)st->A[i * nd + j] + st->A[j * nd + i]);
+    }
+    if (!(tr > 0.0) || !isfinite(tr))
+        goto done;
+    delta = GIFT_DAMPING_DEFAULT * tr / (double)st->din;
+    if (LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'V', 'U', st->din, V, st->din, lam) != 0) {
+        fprintf(stderr, "gift-bench: LAPACKE_dsyevd failed (oracle ratio)\n");
+        free(V);
+        return -1;
+    }
+    for (size_t j = 0; j < nd; j++)
+        lam[j] = 1.0 / ((lam[j] > 0.0 ? lam[j] : 0.0) + delta);
+    /* V column-major: V[i + k nd] is row i, column k. (L^2)_ii = sum_k V_ik^2 lam_k. */
+    for (size_t i = 0; i < nd; i++) {
+        diag[i] = 0.0;
+        for (size_t k = 0; k < nd; k++)
+            diag[i] += V[i + k * nd] * V[i + k * nd] * lam[k];
+    }
+    for (int w = 0; w < st->W; w++) {
+        const float *G = st->G + (size_t)w * nx;
+
+        for (size_t i = 0; i < nx; i++) {
+            X[i] = G[i];
+            num += X[i] * X[i] * diag[i % nd];
+        }
+        /* X V: row-major (rows x din) times column-major V, i.e. row-major V^T. */
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, st->rows, st->din, st->din, 1.0, X,
+                    st->din, V, st->din, 0.0, X + nx, st->din);
+        for (size_t i = 0; i < nx; i++)
+            den += X[nx + i] * X[nx + i] * lam[i % nd];
+    }
+    if (num > 0.0)
+        *out = sqrt(den / num);
+done:
+    free(V);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- output */
 
 static void row_label(const fid_state_t *st, const fid_row_t *r, char *buf, size_t cap)
@@ -1019,7 +1101,8 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
     bench_json_num(&j, "geometry_decay", o->geo_decay);
     bench_json_bool(&j, "geometry_decay_plain", o->geo_plain);
     bench_json_int(&j, "fp8_block", o->block);
-    bench_json_num(&j, "damping", GIFT_DAMPING_DEFAULT);
+    bench_json_num(&j, "damping", o->damping);
+    bench_json_num(&j, "metric_damping", GIFT_DAMPING_DEFAULT);
     bench_json_int(&j, "oversample", GIFT_OVERSAMPLE_DEFAULT);
     bench_json_int(&j, "k_default", st->kdef);
     bench_json_arr(&j, "k_list");
@@ -1117,6 +1200,7 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
     bench_json_bool(&j, "pass", t2_pass);
     bench_json_obj_end(&j);
     bench_json_obj_end(&j);
+    bench_json_num(&j, "fp8_oracle_whitened_ratio", st->fp8_oracle);
     bench_json_obj(&j, "seconds");
     bench_json_num(&j, "data", st->t_data);
     bench_json_num(&j, "geometry", st->t_geometry);
@@ -1179,6 +1263,8 @@ int bench_fidelity_main(int argc, char **argv)
             goto out;
     }
     st->t_codecs = bench_now() - t;
+    if (fp8_oracle_ratio(st, &st->fp8_oracle) < 0)
+        goto out;
 
     i_ref = find_row(st, GIFT_FMT_E4M3, 0, 0);
     ref = st->row[i_ref].whitened;
@@ -1202,7 +1288,7 @@ int bench_fidelity_main(int argc, char **argv)
            "geometry decay %g%s, fp8 block %ld, damping %g, default k %d\n",
            st->rows, st->din, st->W, (unsigned long long)st->o.seed, sketch_rounds(st),
            st->o.nscov > st->o.ncov ? " (one per --sketch-cov step)" : "", st->o.geo_decay,
-           st->o.geo_plain ? " (plain)" : "", st->o.block, GIFT_DAMPING_DEFAULT, st->kdef);
+           st->o.geo_plain ? " (plain)" : "", st->o.block, st->o.damping, st->kdef);
     if (st->synthetic) {
         printf("- data: synthetic layer, %d tokens per worker; spectrum i^-%g (top %.0fx the "
                "mean channel variance) under a random rotation; %d outlier channels at "
@@ -1243,6 +1329,9 @@ int bench_fidelity_main(int argc, char **argv)
            st->kdef, t1_ratio, FID_TARGET_FP8, i_t1 >= 0 && t1_pass ? "PASS" : "FAIL");
     printf("- GIFT nvfp4 at full rank k=%d: whitened %.3fx Euclidean fp8 (target < 1): **%s**\n",
            st->din, t2_ratio, i_t2 >= 0 && t2_pass ? "PASS" : "FAIL");
+    printf("\nGIFT fp8 with the step's own geometry, as fp8's relative error predicts it "
+           "(depends on the data only): whitened %.3fx Euclidean fp8\n",
+           st->fp8_oracle);
     wall = bench_now() - t0;
     printf("\nwall time %.1f s (data %.1f, geometry %.1f, codecs + metrics %.1f); JSON: %s\n", wall,
            st->t_data, st->t_geometry, st->t_codecs, st->o.json);

@@ -212,6 +212,8 @@ def fidelity(args):
             grads = sorted(glob.glob(os.path.join(d, f"{layer}.grad.rank*.f32")))
             covs = sorted(glob.glob(os.path.join(d, f"{layer}.cov.rank*.f32")))
             cmd = [args.bench, "fidelity", "--rows", str(rows), "--cols", str(cols)]
+            if args.damping is not None:
+                cmd += ["--damping", str(args.damping)]
             for g in grads:
                 cmd += ["--grad", g]
             for c in covs:
@@ -282,6 +284,7 @@ def summarise(j, step, layer, sketch_step, nrows, ncols):
     return {"step": step, "layer": layer, "shape": [nrows, ncols],
             "k_default": j["k_default"], "sketch_step": sketch_step,
             "e8_whitened": e8["whitened"], "e8_muon": e8["muon"],
+            "g8_oracle_whitened_ratio": j.get("fp8_oracle_whitened_ratio"),
             "g8_whitened_ratio": g8["whitened"] / e8["whitened"],
             "g8_muon_ratio": g8["muon"] / e8["muon"],
             "g8_rel_l2_ratio": g8["rel_l2"] / e8["rel_l2"],
@@ -291,19 +294,26 @@ def summarise(j, step, layer, sketch_step, nrows, ncols):
             "nvfp4_curve": curve, "nvfp4_first_k_below_e8": first, "fp8_curve": curve8}
 
 
+def _x(v):
+    return f"{v:.2f}x" if v is not None else "–"
+
+
 def fidelity_md(summary):
     out = ["Real gradients (local gradients of both workers, their input covariances; "
            "ratios are against Euclidean fp8-e4m3 on the same data; geometry sketched from the "
            "covariances of the step named in 'sketched at', at the default rank k unless "
-           "stated):", "",
-           "| layer | step | sketched at | k | GIFT fp8 muon | GIFT fp8 whitened | GIFT fp8 RelL2 | "
+           "stated; 'own-step prediction': GIFT fp8's whitened ratio with the measured step's "
+           "own covariance as geometry, as fp8's relative error predicts it from the data "
+           "(gift-bench fidelity's fp8_oracle_whitened_ratio)):", "",
+           "| layer | step | sketched at | k | GIFT fp8 muon | GIFT fp8 whitened | "
+           "own-step prediction | GIFT fp8 RelL2 | "
            "Eucl. nvfp4 whitened | Eucl. nvfp4 muon | GIFT nvfp4 whitened (k) | "
-           "nvfp4 < fp8 from k |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "nvfp4 < fp8 from k |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summary:
         out.append(
             f"| {s['layer']} {s['shape'][0]}x{s['shape'][1]} | {s['step']} | {s['sketch_step'] if s['sketch_step'] is not None else 'same'}"
             f" | {s['k_default']} | {s['g8_muon_ratio']:.2f}x | {s['g8_whitened_ratio']:.2f}x | "
-            f"{s['g8_rel_l2_ratio']:.2f}x | {s['e4_whitened_ratio']:.2f}x | "
+            f"{_x(s['g8_oracle_whitened_ratio'])} | {s['g8_rel_l2_ratio']:.2f}x | {s['e4_whitened_ratio']:.2f}x | "
             f"{s['e4_muon_ratio']:.2f}x | {s['g4_default_whitened_ratio']:.2f}x | "
             f"{s['nvfp4_first_k_below_e8'] if s['nvfp4_first_k_below_e8'] else 'never'} |")
     for key, what, idx in (("nvfp4_curve", "GIFT nvfp4 whitened error", 1),
@@ -411,6 +421,9 @@ def main():
     f.add_argument("--geometry-from", choices=("cov", "grad-gram"), default="cov",
                    help="what the lagged geometry is sketched from: the input covariances "
                         "(as training does) or the previous step's mean gradient's Gram matrix")
+    f.add_argument("--damping", type=float, default=None,
+                   help="the geometry's damping (gift-bench fidelity --damping; default "
+                        "giftd's); the whitened metric keeps giftd's default")
     dc = sub.add_parser("decay")
     dc.add_argument("--dump", required=True)
     dc.add_argument("--bench", required=True)

@@ -11,7 +11,9 @@
 #     blocks do not cross the 1 MiB boundary (all but nvfp4, whose tensor
 #     scale is per call).
 #  2. gift-bench fidelity on a small synthetic layer: Euclidean and GIFT rows
-#     of fp8-e4m3 and nvfp4, errors finite and in (0, 1).
+#     of fp8-e4m3 and nvfp4, errors finite and in (0, 1); with the step's own
+#     batch sketched, full-rank GIFT fp8's whitened ratio within 15% of the
+#     relative-error prediction (fp8_oracle_whitened_ratio).
 #  3. gift-bench cluster: 1 shard it starts itself, 1 worker, 8 MiB in 1 MiB
 #     chunks, f32 and fp8-e4m3, Euclidean and GIFT, --inplace, 3 steps: every
 #     row has 3 measured steps and positive goodput; the raw baselines and the
@@ -77,6 +79,20 @@ for fmt in ("fp8-e4m3", "nvfp4"):
             for k in ("rel_l2", "whitened", "muon"):
                 v = r[k]
                 assert math.isfinite(v) and 0 < v < 1, f"{fmt} {tr} k={r.get('k')} {k} = {v}"
+PY
+# With the step's own batch sketched, the full-rank geometry is the metric's
+# own; fp8's relative-error model must then predict GIFT fp8's whitened ratio.
+run fidelity-same fidelity --rows 64 --cols 128 --workers 2 --tokens 512 --sketch-batch same \
+    --json "$work/fidelity-same.json"
+"$py" - "$work/fidelity-same.json" <<'PY' || fail "fidelity oracle prediction (above)"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+pred = j["fp8_oracle_whitened_ratio"]
+full = [r for r in j["rows"] if r["format"] == "fp8-e4m3" and r["transform"] == "gift" and r["k_full"]]
+assert full, "no full-rank GIFT fp8 row"
+got = full[0]["whitened_x_euclidean_fp8"]
+assert math.isfinite(pred) and 0 < pred < 1, f"fp8_oracle_whitened_ratio = {pred}"
+assert abs(got / pred - 1) < 0.15, f"full-rank GIFT fp8 whitened {got:.3f}x, predicted {pred:.3f}x"
 PY
 
 # 3. cluster
