@@ -21,7 +21,9 @@ bench/convergence_report.py: the tables and the plot of bench/convergence.sh.
       (DESIGN.md 2: "a worker that cannot see activations may sketch the
       averaged gradient instead"); every worker holds the same Gbar after its
       pull, so each worker's sketch file is that one matrix (needs numpy).
-      Writes one JSON per (step, layer) and fidelity.md.
+      Writes one JSON per (step, layer) and fidelity.md; for a step with three or
+      more dumped layers also the errors of the whole dumped update (every
+      layer in its own metric, model-wide.json; needs numpy).
 
   convergence_report.py decay --dump DIR --bench GIFT_BENCH --out DIR
                               [--refresh 20] [--steps 150,299] [--decays 0,0.5,0.8,0.9]
@@ -233,11 +235,97 @@ def fidelity(args):
             summary.append(summarise(run_fidelity(cmd, js), s, layer, sk, rows, cols))
         prev = s
     md = fidelity_md(summary)
+    wide, wide_rows = model_wide(args, summary)
+    if wide:
+        md += "\n" + wide
+        with open(os.path.join(args.out, "model-wide.json"), "w") as fh:
+            json.dump(wide_rows, fh, indent=1)
     with open(os.path.join(args.out, "fidelity.md"), "w") as fh:
         fh.write(md)
     with open(os.path.join(args.out, "fidelity-summary.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
     print(md)
+
+
+def ns5(g):
+    """Muon's five Newton-Schulz steps, as gift_ns5 (codec/metrics.c)."""
+    import numpy as np
+    x = g / (np.linalg.norm(g) + 1e-7)
+    t = x.shape[0] > x.shape[1]
+    if t:
+        x = x.T
+    for _ in range(5):
+        a = x @ x.T
+        x = 3.4445 * x + (-4.7750 * a + 2.0315 * a @ a) @ x
+    return x.T if t else x
+
+
+def model_wide(args, summary):
+    """The errors of the whole dumped update, per step with more than two
+    layers: each layer's relative errors weighted by its own size in the
+    metric (||NS5(Gbar)|| for Muon, ||Gbar L|| for the whitened metric), i.e.
+    ||concat(errors)|| / ||concat(true)||. Returns (markdown, rows); ('', [])
+    without numpy or without such a step."""
+    try:
+        import numpy as np
+    except ImportError:
+        return "", []
+    out, data = [], []
+    for step in sorted({s["step"] for s in summary}):
+        rows = [s for s in summary if s["step"] == step]
+        if len(rows) < 3:
+            continue
+        d = os.path.join(args.dump, f"step{step}")
+        wm, ww = [], []
+        for s in rows:
+            r, c = s["shape"]
+            load = lambda what, shape: [np.fromfile(f, dtype=np.float32).astype(np.float64)
+                                        .reshape(shape) for f in sorted(glob.glob(os.path.join(
+                                            d, f"{s['layer']}.{what}.rank*.f32")))]
+            gs, covs = load("grad", (r, c)), load("cov", (c, c))
+            g = sum(gs) / len(gs)
+            a = sum(covs) / len(covs)
+            lam, v = np.linalg.eigh(0.5 * (a + a.T))
+            lam = np.maximum(lam, 0.0) + 0.01 * np.trace(a) / c
+            wm.append(np.linalg.norm(ns5(g)))
+            ww.append(np.linalg.norm((g @ v) / np.sqrt(lam)))
+        wm, ww = np.array(wm), np.array(ww)
+
+        def agg(key, w):
+            e = np.array([s[key] for s in rows])
+            return float(np.sqrt(np.sum((e * w) ** 2) / np.sum(w ** 2)))
+
+        e8w, e8m = agg("e8_whitened", ww), agg("e8_muon", wm)
+        sk = rows[0]["sketch_step"]
+        data.append({"step": step, "sketch_step": sk, "layers": [s["layer"] for s in rows],
+                     "weight_muon": wm.tolist(), "weight_whitened": ww.tolist(),
+                     "g8_whitened_ratio": agg("g8_whitened", ww) / e8w,
+                     "g8_muon_ratio": agg("g8_muon", wm) / e8m,
+                     "g4_full_whitened_ratio": agg("g4_full_whitened", ww) / e8w,
+                     "g4_full_muon_ratio": agg("g4_full_muon", wm) / e8m,
+                     "g4_default_whitened_ratio": agg("g4_default_whitened", ww) / e8w,
+                     "e4_whitened_ratio": agg("e4_whitened", ww) / e8w,
+                     "e4_muon_ratio": agg("e4_muon", wm) / e8m})
+        out.append(f"| {step} | {sk if sk is not None else 'same'} | {len(rows)} | "
+                   f"{agg('g8_whitened', ww) / e8w:.2f}x | {agg('g8_muon', wm) / e8m:.2f}x | "
+                   f"{agg('g4_full_whitened', ww) / e8w:.2f}x | {agg('g4_full_muon', wm) / e8m:.2f}x | "
+                   f"{agg('g4_default_whitened', ww) / e8w:.2f}x | "
+                   f"{agg('e4_whitened', ww) / e8w:.2f}x | {agg('e4_muon', wm) / e8m:.2f}x | "
+                   f"{sum(s['g8_whitened_ratio'] <= 0.4 for s in rows)} / "
+                   f"{sum(s['g8_muon_ratio'] <= 0.5 for s in rows)} / "
+                   f"{sum(s['nvfp4_curve'][-1][1] < 1.0 for s in rows)} |")
+    if not out:
+        return "", []
+    return "\n".join([
+        "The whole dumped update (every layer above at a step): ||concat(errors)|| / "
+        "||concat(true)||, each layer in its own metric (the Muon update NS5(Gbar); the "
+        "whitened Gbar L), over Euclidean fp8's; GIFT fp8 at the default k; last column: layers "
+        "meeting GIFT fp8 whitened <= 0.4x / Muon <= 0.5x / GIFT nvfp4 full-rank whitened < 1x:",
+        "",
+        "| step | sketched at | layers | GIFT fp8 whitened | GIFT fp8 Muon | GIFT nvfp4 full k "
+        "whitened | GIFT nvfp4 full k Muon | GIFT nvfp4 default k whitened | Eucl. nvfp4 whitened "
+        "| Eucl. nvfp4 Muon | layers meeting |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"] + out) + "\n", data
 
 
 def grad_gram(args, step, layer, rows, cols):
@@ -276,6 +364,7 @@ def summarise(j, step, layer, sketch_step, nrows, ncols):
     e4 = pick("nvfp4", "euclidean")[0]
     g8 = pick("fp8-e4m3", "gift", lambda r: r.get("k_default"))[0]
     g4d = pick("nvfp4", "gift", lambda r: r.get("k_default"))[0]
+    g4f = pick("nvfp4", "gift", lambda r: r.get("k_full"))[0]
     curve = sorted(((r["k"], r["whitened"] / e8["whitened"], r["muon"] / e8["muon"])
                     for r in pick("nvfp4", "gift")), key=lambda t: t[0])
     first = next((k for k, w, _ in curve if w < 1.0), None)
@@ -285,6 +374,10 @@ def summarise(j, step, layer, sketch_step, nrows, ncols):
             "k_default": j["k_default"], "sketch_step": sketch_step,
             "e8_whitened": e8["whitened"], "e8_muon": e8["muon"],
             "g8_oracle_whitened_ratio": j.get("fp8_oracle_whitened_ratio"),
+            "e4_whitened": e4["whitened"], "e4_muon": e4["muon"],
+            "g8_whitened": g8["whitened"], "g8_muon": g8["muon"],
+            "g4_default_whitened": g4d["whitened"], "g4_default_muon": g4d["muon"],
+            "g4_full_whitened": g4f["whitened"], "g4_full_muon": g4f["muon"],
             "g8_whitened_ratio": g8["whitened"] / e8["whitened"],
             "g8_muon_ratio": g8["muon"] / e8["muon"],
             "g8_rel_l2_ratio": g8["rel_l2"] / e8["rel_l2"],

@@ -13,7 +13,8 @@
 #  2. gift-bench fidelity on a small synthetic layer: Euclidean and GIFT rows
 #     of fp8-e4m3 and nvfp4, errors finite and in (0, 1); with the step's own
 #     batch sketched, full-rank GIFT fp8's whitened ratio within 15% of the
-#     relative-error prediction (fp8_oracle_whitened_ratio).
+#     relative-error prediction (fp8_oracle_whitened_ratio); with numpy,
+#     bench/convergence_report.py fidelity on a small dump of three layers.
 #  3. gift-bench cluster: 1 shard it starts itself, 1 worker, 8 MiB in 1 MiB
 #     chunks, f32 and fp8-e4m3, Euclidean and GIFT, --inplace, 3 steps: every
 #     row has 3 measured steps and positive goodput; the raw baselines and the
@@ -94,6 +95,49 @@ got = full[0]["whitened_x_euclidean_fp8"]
 assert math.isfinite(pred) and 0 < pred < 1, f"fp8_oracle_whitened_ratio = {pred}"
 assert abs(got / pred - 1) < 0.15, f"full-rank GIFT fp8 whitened {got:.3f}x, predicted {pred:.3f}x"
 PY
+
+# 2b. convergence_report.py fidelity on a dump of three layers at one step, two
+# of them identical: one JSON per layer and the whole update's ratios, each a
+# weighted mean of the layers' and so between their smallest and largest.
+if "$py" -c 'import numpy' 2>/dev/null; then
+    "$py" - "$work/dump/step10" <<'PY' || fail "writing a test dump"
+import json, os, sys
+import numpy as np
+d = sys.argv[1]
+os.makedirs(d)
+rng = np.random.default_rng(1)
+shapes = {}
+for name, (r, c, seed) in {"a": (32, 64, 2), "b": (48, 96, 3), "c": (32, 64, 2)}.items():
+    g = np.random.default_rng(seed)
+    v = np.linalg.qr(g.standard_normal((c, c)))[0]
+    sd = np.sqrt(np.arange(1, c + 1) ** -1.4)
+    for w in range(2):
+        x = (g.standard_normal((256, c)) * sd) @ v.T
+        dy = g.standard_normal((256, r))
+        (dy.T @ x / 256).astype(np.float32).tofile(f"{d}/{name}.grad.rank{w}.f32")
+        (x.T @ x / 256).astype(np.float32).tofile(f"{d}/{name}.cov.rank{w}.f32")
+    shapes[f"{name}.grad"], shapes[f"{name}.cov"] = [r, c], [c, c]
+json.dump(shapes, open(f"{d}/shapes.json", "w"))
+PY
+    "$py" "$(dirname "$0")/../../bench/convergence_report.py" fidelity --dump "$work/dump" \
+        --bench "$bench" --out "$work/fid-report" >"$work/fid-report.txt" 2>&1 \
+        || { tail -n 20 "$work/fid-report.txt" >&2; fail "convergence_report.py fidelity"; }
+    "$py" - "$work/fid-report" <<'PY' || fail "convergence_report.py model-wide figures (above)"
+import json, sys
+summ = json.load(open(sys.argv[1] + "/fidelity-summary.json"))
+wide = json.load(open(sys.argv[1] + "/model-wide.json"))
+assert [s["layer"] for s in summ] == ["a", "b", "c"], [s["layer"] for s in summ]
+a, b, c = summ
+assert a["g8_whitened_ratio"] == c["g8_whitened_ratio"], "identical layers a and c differ"
+assert len(wide) == 1 and wide[0]["step"] == 10 and wide[0]["layers"] == ["a", "b", "c"], wide
+for key, per in (("g8_whitened_ratio", "g8_whitened_ratio"), ("g8_muon_ratio", "g8_muon_ratio"),
+                 ("e4_whitened_ratio", "e4_whitened_ratio"), ("e4_muon_ratio", "e4_muon_ratio")):
+    lo, hi = min(s[per] for s in summ), max(s[per] for s in summ)
+    v = wide[0][key]
+    assert lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9), f"model-wide {key} {v:.4f} outside the layers' {lo:.4f}..{hi:.4f}"
+assert abs(wide[0]["weight_muon"][0] - wide[0]["weight_muon"][2]) < 1e-9, wide[0]["weight_muon"]
+PY
+fi
 
 # 3. cluster
 run cluster cluster --mib 8 --chunk-mib 1 --steps 3 --warmup 1 --codecs f32,fp8-e4m3 \
