@@ -31,8 +31,8 @@ Rank 0 prints progress and, with --out DIR, writes DIR/log.csv (per step:
 train loss averaged over the workers, validation loss every --val-every
 steps, wire bytes of this worker, step time) and DIR/summary.json. --dump
 writes, at --dump-steps, each worker's local gradient and the input
-covariance X^T X / n of two layers as raw float32 files for
-`gift-bench fidelity --grad ... --cov ...`.
+covariance X^T X / n of the --dump-layers (default: every nn.Linear) as raw
+float32 files for `gift-bench fidelity --grad ... --cov ...`.
 """
 import argparse
 import glob
@@ -242,8 +242,9 @@ def parse_args(argv=None):
     p.add_argument("--out", help="folder for log.csv and summary.json (rank 0)")
     p.add_argument("--dump", help="folder for gradient/covariance dumps")
     p.add_argument("--dump-steps", default="", help="comma-separated steps to dump at")
-    p.add_argument("--dump-layers", default="blocks.1.w2,blocks.1.wo",
-                   help="nn.Linear modules whose weight gradient and inputs are dumped")
+    p.add_argument("--dump-layers", default="all",
+                   help="comma-separated nn.Linear modules whose weight gradient and inputs "
+                        "are dumped, or 'all' (every nn.Linear: the blocks' and the head)")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
@@ -294,6 +295,11 @@ def main(argv=None):
     captured = {}
     if dump_layers:
         mods = dict(model.named_modules())
+        if dump_layers == ["all"]:
+            dump_layers = [n for n, m in mods.items() if isinstance(m, nn.Linear)]
+        bad = [n for n in dump_layers if not isinstance(mods.get(n), nn.Linear)]
+        if bad:
+            sys.exit(f"train_llama: --dump-layers: not an nn.Linear of this model: {', '.join(bad)}")
 
         def cov_hook(name):
             def hook(mod, inputs, output):
