@@ -171,6 +171,7 @@ grep -q "giftd" "$work/cluster.txt" || fail "cluster output does not name the sh
 
 # 4. bad options: exit 2 and a message, nothing run
 for args in "cluster --steps 0" "cluster --codecs f33" "codec --mib -1" "codec --mib 2 --chunk-mib 3" \
+    "fidelity --damping 0" "fidelity --damping x" \
     "nosuch"; do
     set +e
     # shellcheck disable=SC2086
