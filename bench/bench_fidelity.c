@@ -967,70 +967,19 @@ static int run_codec(fid_state_t *st, fid_row_t *r)
     return 0;
 }
 
-/*
- * What the relative-error model of fp8 predicts for GIFT fp8 with the
- * geometry of the measured step itself (the oracle: T = (A + delta I)^-1/2 from
- * the metric's own A), over Euclidean fp8's whitened error. An fp8 code errs
- * by about a fixed fraction of each element (its exponent already scales each
- * element), so worker w's Euclidean error in the whitened metric is about
- * eps^2 sum_ij G_ij^2 (A+dI)^-1_jj and GIFT's with the oracle eps^2
- * ||G_w (A+dI)^-1/2||^2; the ratio, summed over workers, is
- *   sqrt(sum_w ||G_w L||^2 / sum_w sum_ij G_w,ij^2 (L^2)_jj),  L = (A+dI)^-1/2.
- * It depends only on the data: how much whitening buys over per-coordinate
- * scaling. Sets *out (NAN when it cannot be formed). Returns 0 or -1 (reported).
- */
+/* What fp8's relative error predicts for GIFT fp8 with the measured step's own
+ * covariance as geometry (gift_metric_fp8_oracle, the metric's A and damping).
+ * Sets *out. Returns 0 or -1 (reported). */
 static int fp8_oracle_ratio(const fid_state_t *st, double *out)
 {
-    size_t nd = (size_t)st->din, nx = st->N;
-    double *V, *lam, *diag, *X, tr = 0.0, delta, num = 0.0, den = 0.0;
+    double v = gift_metric_fp8_oracle(st->G, st->W, st->rows, st->din, st->A,
+                                      GIFT_DAMPING_DEFAULT);
 
-    *out = NAN;
-    V = malloc((nd * nd + 2 * nd + 2 * nx) * sizeof(double));
-    if (V == NULL) {
-        fprintf(stderr, "gift-bench: out of memory\n");
+    if (v < 0.0) {
+        fprintf(stderr, "gift-bench: gift_metric_fp8_oracle: %s\n", gift_strerror((int)v));
         return -1;
     }
-    lam = V + nd * nd;
-    diag = lam + nd;
-    X = diag + nd;
-    for (size_t i = 0; i < nd; i++) {
-        tr += st->A[i * nd + i];
-        for (size_t j = 0; j < nd; j++)
-            V[j * nd + i] = 0.5 * ((double)st->A[i * nd + j] + st->A[j * nd + i]);
-    }
-    if (!(tr > 0.0) || !isfinite(tr))
-        goto done;
-    delta = GIFT_DAMPING_DEFAULT * tr / (double)st->din;
-    if (LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'V', 'U', st->din, V, st->din, lam) != 0) {
-        fprintf(stderr, "gift-bench: LAPACKE_dsyevd failed (oracle ratio)\n");
-        free(V);
-        return -1;
-    }
-    for (size_t j = 0; j < nd; j++)
-        lam[j] = 1.0 / ((lam[j] > 0.0 ? lam[j] : 0.0) + delta);
-    /* V column-major: V[i + k nd] is row i, column k. (L^2)_ii = sum_k V_ik^2 lam_k. */
-    for (size_t i = 0; i < nd; i++) {
-        diag[i] = 0.0;
-        for (size_t k = 0; k < nd; k++)
-            diag[i] += V[i + k * nd] * V[i + k * nd] * lam[k];
-    }
-    for (int w = 0; w < st->W; w++) {
-        const float *G = st->G + (size_t)w * nx;
-
-        for (size_t i = 0; i < nx; i++) {
-            X[i] = G[i];
-            num += X[i] * X[i] * diag[i % nd];
-        }
-        /* X V: row-major (rows x din) times column-major V, i.e. row-major V^T. */
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, st->rows, st->din, st->din, 1.0, X,
-                    st->din, V, st->din, 0.0, X + nx, st->din);
-        for (size_t i = 0; i < nx; i++)
-            den += X[nx + i] * X[nx + i] * lam[i % nd];
-    }
-    if (num > 0.0)
-        *out = sqrt(den / num);
-done:
-    free(V);
+    *out = v;
     return 0;
 }
 

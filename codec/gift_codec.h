@@ -371,6 +371,12 @@ double gift_metric_cosine(const float *G, const float *Gh, size_t n);
  * A the din x din covariance (row-major). Returns a negative code on failure. */
 double gift_metric_whitened(const float *G, const float *Gh, int rows, int din,
                             const float *A, double damping);
+/* What fp8's relative error predicts for GIFT fp8 with A's own geometry over
+ * Euclidean fp8, in the whitened metric of A: sqrt(sum_w ||G_w L||^2 /
+ * sum_w sum_ij G_w,ij^2 (L^2)_jj) for W gradients G (W x rows x din). A
+ * property of the data; 1 when A is diagonal. Negative code on failure. */
+double gift_metric_fp8_oracle(const float *G, int W, int rows, int din, const float *A,
+                              double damping);
 /* Muon's five Newton-Schulz steps (a, b, c) = (3.4445, -4.7750, 2.0315) on
  * X = G / ||G||, transposed internally when rows > din. out is rows x din. */
 int gift_ns5(const float *G, int rows, int din, double *out);

@@ -76,6 +76,58 @@ double gift_metric_cosine(const float *G, const float *Gh, size_t n)
 }
 
 /*
+ * gift__whiten_eig: the eigensystem of the damped covariance for the whitened
+ * metrics. A (din x din, row-major) is symmetrised into V, delta = damping
+ * tr(A) / din, and LAPACKE_dsyevd leaves the eigenvectors in V's columns
+ * (column-major: V[i + k din] is element i of vector k) and in w[k]
+ * 1 / (lambda_k + delta), eigenvalues below zero (rounding) counted as zero.
+ * Returns 0, GIFT_EINVAL (tr A <= 0 or not finite, bad damping, or A + delta I
+ * not positive definite) or GIFT_ELAPACK.
+ */
+static int gift__whiten_eig(const float *A, int din, double damping, double *V, double *w)
+{
+    size_t nd = (size_t)din, i, j;
+    double tr = 0.0, delta;
+
+    if (!isfinite(damping) || damping < 0.0)
+        return GIFT_EINVAL;
+    for (i = 0; i < nd; i++) {
+        tr += A[i * nd + i];
+        for (j = 0; j < nd; j++)
+            V[j * nd + i] = 0.5 * ((double)A[i * nd + j] + A[j * nd + i]);
+    }
+    if (!(tr > 0.0) || !isfinite(tr))
+        return GIFT_EINVAL;
+    delta = damping * tr / (double)din;
+    if (LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'V', 'U', din, V, din, w) != 0)
+        return GIFT_ELAPACK;
+    for (j = 0; j < nd; j++) {
+        double e = (w[j] > 0.0 ? w[j] : 0.0) + delta;
+
+        if (!(e > 0.0))
+            return GIFT_EINVAL;
+        w[j] = 1.0 / e;
+    }
+    return 0;
+}
+
+/* Sum over rows x din of (X V)_ij^2 w_j, X row-major float, V and w from
+ * gift__whiten_eig: ||X L||^2 with L^2 = V diag(w) V^T. XV: rows x din scratch. */
+static double gift__whitened_sq(const double *X, int rows, int din, const double *V,
+                                const double *w, double *XV)
+{
+    size_t nd = (size_t)din, n = (size_t)rows * nd, i;
+    double s = 0.0;
+
+    /* V is column-major: row-major V^T. Hence CblasTrans. */
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, din, din, 1.0, X, din, V, din, 0.0,
+                XV, din);
+    for (i = 0; i < n; i++)
+        s += XV[i] * XV[i] * w[i % nd];
+    return s;
+}
+
+/*
  * gift_metric_whitened: ||(Gh - G) L||_F / ||G L||_F with L = (A + delta I)^-1/2,
  * delta = damping tr(A) / din, A (din x din, row-major) symmetrised first.
  * L = V diag((lambda + delta)^-1/2) V^T from LAPACKE_dsyevd; since V is
@@ -87,74 +139,85 @@ double gift_metric_cosine(const float *G, const float *Gh, size_t n)
 double gift_metric_whitened(const float *G, const float *Gh, int rows, int din, const float *A,
                             double damping)
 {
-    double *V = NULL, *lam, *X = NULL, *XV;
-    double tr = 0.0, delta, num = 0.0, den = 0.0;
-    size_t i, j, nd, nx;
-    double rc = GIFT_EINVAL;
+    double *V, *w, *X, num, den;
+    size_t i, nd, nx;
+    int rc;
 
     if (G == NULL || Gh == NULL || A == NULL || rows < 0 || din < 1)
-        goto out;
+        return GIFT_EINVAL;
     if (!isfinite(damping) || damping < 0.0)
-        goto out;
-    if (rows == 0) {
-        rc = 0.0;
-        goto out;
-    }
+        return GIFT_EINVAL;
+    if (rows == 0)
+        return 0.0;
     nd = (size_t)din;
     nx = (size_t)rows * nd;
-
-    rc = GIFT_ENOMEM;
-    if ((V = malloc((nd * nd + nd) * sizeof(double))) == NULL)
-        goto out;
-    lam = V + nd * nd;
-    if ((X = malloc(4 * nx * sizeof(double))) == NULL)
-        goto out_free_v;
-    XV = X + 2 * nx;
-
-    for (i = 0; i < nd; i++) {
-        tr += A[i * nd + i];
-        for (j = 0; j < nd; j++)
-            V[j * nd + i] = 0.5 * ((double)A[i * nd + j] + A[j * nd + i]);
+    if ((V = malloc((nd * nd + nd + 3 * nx) * sizeof(double))) == NULL)
+        return GIFT_ENOMEM;
+    w = V + nd * nd;
+    X = w + nd;
+    if ((rc = gift__whiten_eig(A, din, damping, V, w)) < 0) {
+        free(V);
+        return rc;
     }
-    rc = GIFT_EINVAL;
-    if (!(tr > 0.0) || !isfinite(tr))
-        goto out_free_x;
-    delta = damping * tr / (double)din;
-    rc = GIFT_ELAPACK;
-    if (LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'V', 'U', din, V, din, lam) != 0)
-        goto out_free_x;
-    rc = GIFT_EINVAL;
-    for (j = 0; j < nd; j++) {
-        double e = (lam[j] > 0.0 ? lam[j] : 0.0) + delta;
-
-        if (!(e > 0.0))
-            goto out_free_x;
-        lam[j] = 1.0 / sqrt(e);
-    }
-
-    /* X = [Gh - G; G] (2 rows x din, row-major), XV = X V. */
+    /* X = [Gh - G; G], each rows x din, row-major; the scratch after them. */
     for (i = 0; i < nx; i++) {
         X[i] = (double)Gh[i] - (double)G[i];
         X[nx + i] = G[i];
     }
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 2 * rows, din, din, 1.0, X, din, V, din,
-                0.0, XV, din);
-    /* V is column-major: row-major V^T. Hence the CblasTrans above. */
-    for (i = 0; i < (size_t)rows; i++)
-        for (j = 0; j < nd; j++) {
-            double a = XV[i * nd + j] * lam[j], b = XV[nx + i * nd + j] * lam[j];
-
-            num += a * a;
-            den += b * b;
-        }
-    rc = gift__ratio(sqrt(num), sqrt(den));
-
-out_free_x:
-    free(X);
-out_free_v:
+    num = gift__whitened_sq(X, rows, din, V, w, X + 2 * nx);
+    den = gift__whitened_sq(X + nx, rows, din, V, w, X + 2 * nx);
     free(V);
-out:
-    return rc;
+    return gift__ratio(sqrt(num), sqrt(den));
+}
+
+/*
+ * gift_metric_fp8_oracle: what fp8's relative error predicts for GIFT with the
+ * geometry of A itself (T = L = (A + delta I)^-1/2) over Euclidean coding, in
+ * the whitened metric of A. A floating-point code errs by about a fixed
+ * fraction of each element, so worker w's Euclidean error is about
+ * eps^2 sum_ij G_w,ij^2 (L^2)_jj and GIFT's eps^2 ||G_w L||^2; summed over the
+ * W workers (G: W x rows x din, row-major),
+ *   sqrt(sum_w ||G_w L||^2 / sum_w sum_ij G_w,ij^2 (L^2)_jj).
+ * 1 when A is diagonal: per-coordinate scaling is then all whitening does.
+ * Returns the ratio (0 when every G_w is zero), or GIFT_EINVAL, GIFT_ENOMEM,
+ * GIFT_ELAPACK as gift_metric_whitened.
+ */
+double gift_metric_fp8_oracle(const float *G, int W, int rows, int din, const float *A,
+                              double damping)
+{
+    double *V, *w, *diag, *X, num = 0.0, den = 0.0;
+    size_t i, k, nd, nx;
+    int rc;
+
+    if (G == NULL || A == NULL || W < 1 || rows < 1 || din < 1)
+        return GIFT_EINVAL;
+    nd = (size_t)din;
+    nx = (size_t)rows * nd;
+    if ((V = malloc((nd * nd + 2 * nd + 2 * nx) * sizeof(double))) == NULL)
+        return GIFT_ENOMEM;
+    w = V + nd * nd;
+    diag = w + nd;
+    X = diag + nd;
+    if ((rc = gift__whiten_eig(A, din, damping, V, w)) < 0) {
+        free(V);
+        return rc;
+    }
+    for (i = 0; i < nd; i++) { /* (L^2)_ii = sum_k V_ik^2 w_k */
+        diag[i] = 0.0;
+        for (k = 0; k < nd; k++)
+            diag[i] += V[i + k * nd] * V[i + k * nd] * w[k];
+    }
+    for (int wk = 0; wk < W; wk++) {
+        const float *Gw = G + (size_t)wk * nx;
+
+        for (i = 0; i < nx; i++) {
+            X[i] = Gw[i];
+            den += X[i] * X[i] * diag[i % nd];
+        }
+        num += gift__whitened_sq(X, rows, din, V, w, X + nx);
+    }
+    free(V);
+    return gift__ratio(sqrt(num), sqrt(den));
 }
 
 /*

@@ -244,6 +244,67 @@ START_TEST(test_whitened_bad)
 }
 END_TEST
 
+/* ---- fp8 oracle prediction --------------------------------------------- */
+
+/* A diagonal A: per-coordinate scaling is all whitening does, the ratio is 1. */
+START_TEST(test_fp8_oracle_diagonal)
+{
+    float A[WD * WD] = {0};
+    double v;
+    int i;
+
+    for (i = 0; i < WD; i++)
+        A[i * WD + i] = (float)(100.0 / (1 + i * i));
+    v = gift_metric_fp8_oracle(w_G, 1, WR, WD, A, 0.01);
+    ck_assert_msg(fabs(v - 1.0) < 1e-12, "fp8 oracle with a diagonal A: %.15g, want 1", v);
+}
+END_TEST
+
+/* din 2 by hand: A = [[2.5, 1.5], [1.5, 2.5]] (eigenvalues 4 and 1 at 45
+ * degrees), no damping, so L^2 = A^-1 = [[0.625, -0.375], [-0.375, 0.625]].
+ * g = (1, 1): g L^2 g = 0.5 against sum g_j^2 (L^2)_jj = 1.25, ratio
+ * sqrt(0.4). A second worker g = (1, -1) adds 2.0 and 1.25: the sums give
+ * sqrt(2.5 / 2.5) = 1, not the mean of the two ratios (0.949). */
+START_TEST(test_fp8_oracle_hand)
+{
+    const float A[4] = {2.5f, 1.5f, 1.5f, 2.5f};
+    const float G[4] = {1.0f, 1.0f, 1.0f, -1.0f};
+    const float Z[4] = {0};
+    double v;
+
+    v = gift_metric_fp8_oracle(G, 1, 1, 2, A, 0.0);
+    ck_assert_msg(fabs(v - sqrt(0.4)) < 1e-12, "one worker: %.15g, want %.15g", v, sqrt(0.4));
+    v = gift_metric_fp8_oracle(G, 2, 1, 2, A, 0.0);
+    ck_assert_msg(fabs(v - 1.0) < 1e-12, "two workers: %.15g, want 1", v);
+    /* The same two gradients as one worker of two rows: the rows sum alike. */
+    v = gift_metric_fp8_oracle(G, 1, 2, 2, A, 0.0);
+    ck_assert_msg(fabs(v - 1.0) < 1e-12, "two rows: %.15g, want 1", v);
+    v = gift_metric_fp8_oracle(Z, 2, 1, 2, A, 0.0);
+    ck_assert_msg(v == 0.0, "zero gradients: %g, want 0", v);
+}
+END_TEST
+
+START_TEST(test_fp8_oracle_bad)
+{
+    float A[WD * WD] = {0};
+    double v;
+
+    v = gift_metric_fp8_oracle(w_G, 1, WR, WD, A, 0.01); /* tr A = 0 */
+    ck_assert_msg(v == GIFT_EINVAL, "zero A gave %g", v);
+    A[0] = 1.0f;
+    v = gift_metric_fp8_oracle(w_G, 1, WR, WD, A, 0.0); /* singular, no damping */
+    ck_assert_msg(v == GIFT_EINVAL, "singular A without damping gave %g", v);
+    v = gift_metric_fp8_oracle(w_G, 1, WR, WD, A, -1.0);
+    ck_assert_msg(v == GIFT_EINVAL, "negative damping gave %g", v);
+    v = gift_metric_fp8_oracle(NULL, 1, WR, WD, A, 0.01);
+    ck_assert_msg(v == GIFT_EINVAL, "NULL G gave %g", v);
+    v = gift_metric_fp8_oracle(w_G, 0, WR, WD, A, 0.01);
+    ck_assert_msg(v == GIFT_EINVAL, "0 workers gave %g", v);
+    v = gift_metric_fp8_oracle(w_G, 1, 0, WD, A, 0.01);
+    ck_assert_msg(v == GIFT_EINVAL, "0 rows gave %g", v);
+}
+END_TEST
+
 /* ---- Newton-Schulz and Muon --------------------------------------------- */
 
 /* The five-step scalar map applied to one singular value x. */
@@ -451,6 +512,9 @@ static Suite *metrics_suite(void)
     tcase_add_test(white, test_whitened_diagonal);
     tcase_add_test(white, test_whitened_dense);
     tcase_add_test(white, test_whitened_bad);
+    tcase_add_test(white, test_fp8_oracle_diagonal);
+    tcase_add_test(white, test_fp8_oracle_hand);
+    tcase_add_test(white, test_fp8_oracle_bad);
     suite_add_tcase(s, white);
 
     tcase_add_test(ns, test_ns5_orthogonal);
