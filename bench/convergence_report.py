@@ -264,8 +264,10 @@ def model_wide(args, summary):
     """The errors of the whole dumped update, per step with more than two
     layers: each layer's relative errors weighted by its own size in the
     metric (||NS5(Gbar)|| for Muon, ||Gbar L|| for the whitened metric), i.e.
-    ||concat(errors)|| / ||concat(true)||. Returns (markdown, rows); ('', [])
-    without numpy or without such a step."""
+    ||concat(errors)|| / ||concat(true)||; and the Muon update as
+    train_llama's Muon applies it: the blocks' matrices only (the head is
+    AdamW's), each scaled by sqrt(max(1, rows/cols)). Returns (markdown, rows);
+    ('', []) without numpy or without such a step."""
     try:
         import numpy as np
     except ImportError:
@@ -290,10 +292,17 @@ def model_wide(args, summary):
             wm.append(np.linalg.norm(ns5(g)))
             ww.append(np.linalg.norm((g @ v) / np.sqrt(lam)))
         wm, ww = np.array(wm), np.array(ww)
+        # Muon as applied: train_llama's Muon takes the blocks' 2-D weights and
+        # scales each update by sqrt(max(1, rows/cols)); the head is AdamW's.
+        wa = np.array([m * max(1.0, s["shape"][0] / s["shape"][1]) ** 0.5
+                       if s["layer"].startswith("blocks.") else 0.0
+                       for m, s in zip(wm, rows)])
 
         def agg(key, w):
             e = np.array([s[key] for s in rows])
             return float(np.sqrt(np.sum((e * w) ** 2) / np.sum(w ** 2)))
+
+        e8a = agg("e8_muon", wa) if wa.any() else float("nan")
 
         e8w, e8m = agg("e8_whitened", ww), agg("e8_muon", wm)
         sk = rows[0]["sketch_step"]
@@ -305,12 +314,18 @@ def model_wide(args, summary):
                      "g4_full_muon_ratio": agg("g4_full_muon", wm) / e8m,
                      "g4_default_whitened_ratio": agg("g4_default_whitened", ww) / e8w,
                      "e4_whitened_ratio": agg("e4_whitened", ww) / e8w,
-                     "e4_muon_ratio": agg("e4_muon", wm) / e8m})
+                     "e4_muon_ratio": agg("e4_muon", wm) / e8m,
+                     "weight_muon_applied": wa.tolist(),
+                     "g8_muon_applied_ratio": agg("g8_muon", wa) / e8a if wa.any() else None,
+                     "g4_full_muon_applied_ratio":
+                         agg("g4_full_muon", wa) / e8a if wa.any() else None})
         out.append(f"| {step} | {sk if sk is not None else 'same'} | {len(rows)} | "
                    f"{agg('g8_whitened', ww) / e8w:.2f}x | {agg('g8_muon', wm) / e8m:.2f}x | "
                    f"{agg('g4_full_whitened', ww) / e8w:.2f}x | {agg('g4_full_muon', wm) / e8m:.2f}x | "
                    f"{agg('g4_default_whitened', ww) / e8w:.2f}x | "
                    f"{agg('e4_whitened', ww) / e8w:.2f}x | {agg('e4_muon', wm) / e8m:.2f}x | "
+                   f"{_x(data[-1]['g8_muon_applied_ratio'])} | "
+                   f"{_x(data[-1]['g4_full_muon_applied_ratio'])} | "
                    f"{sum(s['g8_whitened_ratio'] <= 0.4 for s in rows)} / "
                    f"{sum(s['g8_muon_ratio'] <= 0.5 for s in rows)} / "
                    f"{sum(s['nvfp4_curve'][-1][1] < 1.0 for s in rows)} |")
@@ -319,13 +334,16 @@ def model_wide(args, summary):
     return "\n".join([
         "The whole dumped update (every layer above at a step): ||concat(errors)|| / "
         "||concat(true)||, each layer in its own metric (the Muon update NS5(Gbar); the "
-        "whitened Gbar L), over Euclidean fp8's; GIFT fp8 at the default k; last column: layers "
+        "whitened Gbar L), over Euclidean fp8's; GIFT fp8 at the default k; 'as applied': the "
+        "Muon update as train_llama's Muon applies it (the blocks' matrices, each scaled by "
+        "sqrt(max(1, rows/cols)); the head is AdamW's); last column: layers "
         "meeting GIFT fp8 whitened <= 0.4x / Muon <= 0.5x / GIFT nvfp4 full-rank whitened < 1x:",
         "",
         "| step | sketched at | layers | GIFT fp8 whitened | GIFT fp8 Muon | GIFT nvfp4 full k "
         "whitened | GIFT nvfp4 full k Muon | GIFT nvfp4 default k whitened | Eucl. nvfp4 whitened "
-        "| Eucl. nvfp4 Muon | layers meeting |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"] + out) + "\n", data
+        "| Eucl. nvfp4 Muon | GIFT fp8 Muon, as applied | GIFT nvfp4 full k Muon, as applied "
+        "| layers meeting |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"] + out) + "\n", data
 
 
 def grad_gram(args, step, layer, rows, cols):
