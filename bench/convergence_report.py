@@ -302,33 +302,31 @@ def model_wide(args, summary):
             e = np.array([s[key] for s in rows])
             return float(np.sqrt(np.sum((e * w) ** 2) / np.sum(w ** 2)))
 
-        e8a = agg("e8_muon", wa) if wa.any() else float("nan")
-
         e8w, e8m = agg("e8_whitened", ww), agg("e8_muon", wm)
+        e8a = agg("e8_muon", wa) if wa.any() else None
         sk = rows[0]["sketch_step"]
-        data.append({"step": step, "sketch_step": sk, "layers": [s["layer"] for s in rows],
-                     "weight_muon": wm.tolist(), "weight_whitened": ww.tolist(),
-                     "g8_whitened_ratio": agg("g8_whitened", ww) / e8w,
-                     "g8_muon_ratio": agg("g8_muon", wm) / e8m,
-                     "g4_full_whitened_ratio": agg("g4_full_whitened", ww) / e8w,
-                     "g4_full_muon_ratio": agg("g4_full_muon", wm) / e8m,
-                     "g4_default_whitened_ratio": agg("g4_default_whitened", ww) / e8w,
-                     "e4_whitened_ratio": agg("e4_whitened", ww) / e8w,
-                     "e4_muon_ratio": agg("e4_muon", wm) / e8m,
-                     "weight_muon_applied": wa.tolist(),
-                     "g8_muon_applied_ratio": agg("g8_muon", wa) / e8a if wa.any() else None,
-                     "g4_full_muon_applied_ratio":
-                         agg("g4_full_muon", wa) / e8a if wa.any() else None})
-        out.append(f"| {step} | {sk if sk is not None else 'same'} | {len(rows)} | "
-                   f"{agg('g8_whitened', ww) / e8w:.2f}x | {agg('g8_muon', wm) / e8m:.2f}x | "
-                   f"{agg('g4_full_whitened', ww) / e8w:.2f}x | {agg('g4_full_muon', wm) / e8m:.2f}x | "
-                   f"{agg('g4_default_whitened', ww) / e8w:.2f}x | "
-                   f"{agg('e4_whitened', ww) / e8w:.2f}x | {agg('e4_muon', wm) / e8m:.2f}x | "
-                   f"{_x(data[-1]['g8_muon_applied_ratio'])} | "
-                   f"{_x(data[-1]['g4_full_muon_applied_ratio'])} | "
-                   f"{sum(s['g8_whitened_ratio'] <= 0.4 for s in rows)} / "
+        r = {"step": step, "sketch_step": sk, "layers": [s["layer"] for s in rows],
+             "weight_muon": wm.tolist(), "weight_whitened": ww.tolist(),
+             "weight_muon_applied": wa.tolist(),
+             "g8_whitened_ratio": agg("g8_whitened", ww) / e8w,
+             "g8_muon_ratio": agg("g8_muon", wm) / e8m,
+             "g4_full_whitened_ratio": agg("g4_full_whitened", ww) / e8w,
+             "g4_full_muon_ratio": agg("g4_full_muon", wm) / e8m,
+             "g4_default_whitened_ratio": agg("g4_default_whitened", ww) / e8w,
+             "e4_whitened_ratio": agg("e4_whitened", ww) / e8w,
+             "e4_muon_ratio": agg("e4_muon", wm) / e8m,
+             "g8_muon_applied_ratio": agg("g8_muon", wa) / e8a if e8a else None,
+             "g4_full_muon_applied_ratio": agg("g4_full_muon", wa) / e8a if e8a else None}
+        data.append(r)
+        cells = [_x(r[k]) for k in ("g8_whitened_ratio", "g8_muon_ratio", "g4_full_whitened_ratio",
+                                    "g4_full_muon_ratio", "g4_default_whitened_ratio",
+                                    "e4_whitened_ratio", "e4_muon_ratio", "g8_muon_applied_ratio",
+                                    "g4_full_muon_applied_ratio")]
+        meeting = (f"{sum(s['g8_whitened_ratio'] <= 0.4 for s in rows)} / "
                    f"{sum(s['g8_muon_ratio'] <= 0.5 for s in rows)} / "
-                   f"{sum(s['nvfp4_curve'][-1][1] < 1.0 for s in rows)} |")
+                   f"{sum(s['nvfp4_curve'][-1][1] < 1.0 for s in rows)}")
+        out.append(f"| {step} | {sk if sk is not None else 'same'} | {len(rows)} | "
+                   + " | ".join(cells) + f" | {meeting} |")
     if not out:
         return "", []
     return "\n".join([

@@ -111,7 +111,7 @@ static int gift__whiten_eig(const float *A, int din, double damping, double *V, 
     return 0;
 }
 
-/* Sum over rows x din of (X V)_ij^2 w_j, X row-major float, V and w from
+/* Sum over rows x din of (X V)_ij^2 w_j, X row-major double, V and w from
  * gift__whiten_eig: ||X L||^2 with L^2 = V diag(w) V^T. XV: rows x din scratch. */
 static double gift__whitened_sq(const double *X, int rows, int din, const double *V,
                                 const double *w, double *XV)

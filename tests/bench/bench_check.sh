@@ -107,7 +107,8 @@ d = sys.argv[1]
 os.makedirs(d)
 rng = np.random.default_rng(1)
 shapes = {}
-for name, (r, c, seed) in {"a": (32, 64, 2), "b": (48, 96, 3), "c": (32, 64, 2)}.items():
+for name, (r, c, seed) in {"blocks.0.a": (32, 64, 2), "blocks.0.b": (96, 48, 3),
+                           "head": (32, 64, 2)}.items():
     g = np.random.default_rng(seed)
     v = np.linalg.qr(g.standard_normal((c, c)))[0]
     sd = np.sqrt(np.arange(1, c + 1) ** -1.4)
@@ -126,16 +127,23 @@ PY
 import json, sys
 summ = json.load(open(sys.argv[1] + "/fidelity-summary.json"))
 wide = json.load(open(sys.argv[1] + "/model-wide.json"))
-assert [s["layer"] for s in summ] == ["a", "b", "c"], [s["layer"] for s in summ]
+names = ["blocks.0.a", "blocks.0.b", "head"]
+assert [s["layer"] for s in summ] == names, [s["layer"] for s in summ]
 a, b, c = summ
-assert a["g8_whitened_ratio"] == c["g8_whitened_ratio"], "identical layers a and c differ"
-assert len(wide) == 1 and wide[0]["step"] == 10 and wide[0]["layers"] == ["a", "b", "c"], wide
+assert a["g8_whitened_ratio"] == c["g8_whitened_ratio"], "identical layers a and head differ"
+assert len(wide) == 1 and wide[0]["step"] == 10 and wide[0]["layers"] == names, wide
 for key, per in (("g8_whitened_ratio", "g8_whitened_ratio"), ("g8_muon_ratio", "g8_muon_ratio"),
                  ("e4_whitened_ratio", "e4_whitened_ratio"), ("e4_muon_ratio", "e4_muon_ratio")):
     lo, hi = min(s[per] for s in summ), max(s[per] for s in summ)
     v = wide[0][key]
     assert lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9), f"model-wide {key} {v:.4f} outside the layers' {lo:.4f}..{hi:.4f}"
-assert abs(wide[0]["weight_muon"][0] - wide[0]["weight_muon"][2]) < 1e-9, wide[0]["weight_muon"]
+w = wide[0]
+assert abs(w["weight_muon"][0] - w["weight_muon"][2]) < 1e-9, w["weight_muon"]
+# As Muon applies it: the head (AdamW's) left out, blocks.0.b (96 x 48) scaled by sqrt(2).
+assert w["weight_muon_applied"][2] == 0.0, w["weight_muon_applied"]
+assert abs(w["weight_muon_applied"][1] - 2 ** 0.5 * w["weight_muon"][1]) < 1e-9 * w["weight_muon"][1], w
+lo, hi = sorted((a["g8_muon_ratio"], b["g8_muon_ratio"]))
+assert lo * (1 - 1e-9) <= w["g8_muon_applied_ratio"] <= hi * (1 + 1e-9), f"applied {w['g8_muon_applied_ratio']:.4f} outside {lo:.4f}..{hi:.4f}"
 PY
 fi
 
