@@ -128,6 +128,7 @@ typedef struct fid_state {
     fid_synth_t s;
     double t_data, t_geometry, t_codecs;
     double fp8_oracle; /* fp8_oracle_ratio */
+    double norm_muon, norm_whitened; /* ||NS5(Gtrue)||, ||Gtrue L||: true_norms */
 } fid_state_t;
 
 void bench_fidelity_usage(FILE *f)
@@ -967,19 +968,38 @@ static int run_codec(fid_state_t *st, fid_row_t *r)
     return 0;
 }
 
-/* What fp8's relative error predicts for GIFT fp8 with the measured step's own
- * covariance as geometry (gift_metric_fp8_oracle, the metric's A and damping).
- * Sets *out. Returns 0 or -1 (reported). */
-static int fp8_oracle_ratio(const fid_state_t *st, double *out)
+/* Data-only figures: what fp8's relative error predicts for GIFT fp8 with the
+ * measured step's own covariance as geometry (gift_metric_fp8_oracle), and the
+ * true mean's size in the two metrics, ||NS5(Gtrue)|| and ||Gtrue L||, so that
+ * layers can be weighed against each other (bench/convergence_report.py).
+ * Returns 0 or -1 (reported). */
+static int data_figures(fid_state_t *st)
 {
-    double v = gift_metric_fp8_oracle(st->G, st->W, st->rows, st->din, st->A,
-                                      GIFT_DAMPING_DEFAULT);
+    double *ns = malloc(st->N * sizeof(double)), s = 0.0;
+    int rc;
 
-    if (v < 0.0) {
-        fprintf(stderr, "gift-bench: gift_metric_fp8_oracle: %s\n", gift_strerror((int)v));
+    if (ns == NULL) {
+        fprintf(stderr, "gift-bench: out of memory\n");
         return -1;
     }
-    *out = v;
+    if ((rc = gift_ns5(st->Gtrue, st->rows, st->din, ns)) < 0) {
+        free(ns);
+        fprintf(stderr, "gift-bench: gift_ns5: %s\n", gift_strerror(rc));
+        return -1;
+    }
+    for (size_t i = 0; i < st->N; i++)
+        s += ns[i] * ns[i];
+    free(ns);
+    st->norm_muon = sqrt(s);
+    st->fp8_oracle = gift_metric_fp8_oracle(st->G, st->W, st->rows, st->din, st->A,
+                                            GIFT_DAMPING_DEFAULT);
+    st->norm_whitened = gift_metric_whitened_norm(st->Gtrue, st->rows, st->din, st->A,
+                                                  GIFT_DAMPING_DEFAULT);
+    if (st->fp8_oracle < 0.0 || st->norm_whitened < 0.0) {
+        fprintf(stderr, "gift-bench: fp8 oracle / whitened norm: %s\n",
+                gift_strerror((int)(st->fp8_oracle < 0.0 ? st->fp8_oracle : st->norm_whitened)));
+        return -1;
+    }
     return 0;
 }
 
@@ -1150,6 +1170,10 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
     bench_json_obj_end(&j);
     bench_json_obj_end(&j);
     bench_json_num(&j, "fp8_oracle_whitened_ratio", st->fp8_oracle);
+    bench_json_obj(&j, "true_norms"); /* of the true mean gradient */
+    bench_json_num(&j, "muon", st->norm_muon);
+    bench_json_num(&j, "whitened", st->norm_whitened);
+    bench_json_obj_end(&j);
     bench_json_obj(&j, "seconds");
     bench_json_num(&j, "data", st->t_data);
     bench_json_num(&j, "geometry", st->t_geometry);
@@ -1212,7 +1236,7 @@ int bench_fidelity_main(int argc, char **argv)
             goto out;
     }
     st->t_codecs = bench_now() - t;
-    if (fp8_oracle_ratio(st, &st->fp8_oracle) < 0)
+    if (data_figures(st) < 0)
         goto out;
 
     i_ref = find_row(st, GIFT_FMT_E4M3, 0, 0);

@@ -23,7 +23,7 @@ bench/convergence_report.py: the tables and the plot of bench/convergence.sh.
       pull, so each worker's sketch file is that one matrix (needs numpy).
       Writes one JSON per (step, layer) and fidelity.md; for a step with three or
       more dumped layers also the errors of the whole dumped update (every
-      layer in its own metric, model-wide.json; needs numpy).
+      layer in its own metric, model-wide.json).
 
   convergence_report.py decay --dump DIR --bench GIFT_BENCH --out DIR
                               [--refresh 20] [--steps 150,299] [--decays 0,0.5,0.8,0.9]
@@ -235,7 +235,7 @@ def fidelity(args):
             summary.append(summarise(run_fidelity(cmd, js), s, layer, sk, rows, cols))
         prev = s
     md = fidelity_md(summary)
-    wide, wide_rows = model_wide(args, summary)
+    wide, wide_rows = model_wide(summary)
     if wide:
         md += "\n" + wide
         with open(os.path.join(args.out, "model-wide.json"), "w") as fh:
@@ -247,67 +247,35 @@ def fidelity(args):
     print(md)
 
 
-def ns5(g):
-    """Muon's five Newton-Schulz steps, as gift_ns5 (codec/metrics.c)."""
-    import numpy as np
-    x = g / (np.linalg.norm(g) + 1e-7)
-    t = x.shape[0] > x.shape[1]
-    if t:
-        x = x.T
-    for _ in range(5):
-        a = x @ x.T
-        x = 3.4445 * x + (-4.7750 * a + 2.0315 * a @ a) @ x
-    return x.T if t else x
-
-
-def model_wide(args, summary):
+def model_wide(summary):
     """The errors of the whole dumped update, per step with more than two
     layers: each layer's relative errors weighted by its own size in the
-    metric (||NS5(Gbar)|| for Muon, ||Gbar L|| for the whitened metric), i.e.
-    ||concat(errors)|| / ||concat(true)||; and the Muon update as
-    train_llama's Muon applies it: the blocks' matrices only (the head is
-    AdamW's), each scaled by sqrt(max(1, rows/cols)). Returns (markdown, rows);
-    ('', []) without numpy or without such a step."""
-    try:
-        import numpy as np
-    except ImportError:
-        return "", []
+    metric (||NS5(Gbar)|| for Muon, ||Gbar L|| for the whitened metric, both
+    from gift-bench's true_norms), i.e. ||concat(errors)|| / ||concat(true)||;
+    and the Muon update as train_llama's Muon applies it: the blocks' matrices
+    only (the head is AdamW's), each scaled by sqrt(max(1, rows/cols)).
+    Returns (markdown, rows); ('', []) without such a step."""
     out, data = [], []
     for step in sorted({s["step"] for s in summary}):
         rows = [s for s in summary if s["step"] == step]
-        if len(rows) < 3:
+        if len(rows) < 3 or any(s["true_norms"] is None for s in rows):
             continue
-        d = os.path.join(args.dump, f"step{step}")
-        wm, ww = [], []
-        for s in rows:
-            r, c = s["shape"]
-            load = lambda what, shape: [np.fromfile(f, dtype=np.float32).astype(np.float64)
-                                        .reshape(shape) for f in sorted(glob.glob(os.path.join(
-                                            d, f"{s['layer']}.{what}.rank*.f32")))]
-            gs, covs = load("grad", (r, c)), load("cov", (c, c))
-            g = sum(gs) / len(gs)
-            a = sum(covs) / len(covs)
-            lam, v = np.linalg.eigh(0.5 * (a + a.T))
-            lam = np.maximum(lam, 0.0) + 0.01 * np.trace(a) / c
-            wm.append(np.linalg.norm(ns5(g)))
-            ww.append(np.linalg.norm((g @ v) / np.sqrt(lam)))
-        wm, ww = np.array(wm), np.array(ww)
+        wm = [s["true_norms"]["muon"] for s in rows]
+        ww = [s["true_norms"]["whitened"] for s in rows]
         # Muon as applied: train_llama's Muon takes the blocks' 2-D weights and
         # scales each update by sqrt(max(1, rows/cols)); the head is AdamW's.
-        wa = np.array([m * max(1.0, s["shape"][0] / s["shape"][1]) ** 0.5
-                       if s["layer"].startswith("blocks.") else 0.0
-                       for m, s in zip(wm, rows)])
+        wa = [m * max(1.0, s["shape"][0] / s["shape"][1]) ** 0.5
+              if s["layer"].startswith("blocks.") else 0.0 for m, s in zip(wm, rows)]
 
         def agg(key, w):
-            e = np.array([s[key] for s in rows])
-            return float(np.sqrt(np.sum((e * w) ** 2) / np.sum(w ** 2)))
+            num = sum((s[key] * x) ** 2 for s, x in zip(rows, w))
+            return math.sqrt(num / sum(x * x for x in w))
 
         e8w, e8m = agg("e8_whitened", ww), agg("e8_muon", wm)
-        e8a = agg("e8_muon", wa) if wa.any() else None
+        e8a = agg("e8_muon", wa) if any(wa) else None
         sk = rows[0]["sketch_step"]
         r = {"step": step, "sketch_step": sk, "layers": [s["layer"] for s in rows],
-             "weight_muon": wm.tolist(), "weight_whitened": ww.tolist(),
-             "weight_muon_applied": wa.tolist(),
+             "weight_muon": wm, "weight_whitened": ww, "weight_muon_applied": wa,
              "g8_whitened_ratio": agg("g8_whitened", ww) / e8w,
              "g8_muon_ratio": agg("g8_muon", wm) / e8m,
              "g4_full_whitened_ratio": agg("g4_full_whitened", ww) / e8w,
@@ -390,6 +358,7 @@ def summarise(j, step, layer, sketch_step, nrows, ncols):
             "k_default": j["k_default"], "sketch_step": sketch_step,
             "e8_whitened": e8["whitened"], "e8_muon": e8["muon"],
             "g8_oracle_whitened_ratio": j.get("fp8_oracle_whitened_ratio"),
+            "true_norms": j.get("true_norms"),
             "e4_whitened": e4["whitened"], "e4_muon": e4["muon"],
             "g8_whitened": g8["whitened"], "g8_muon": g8["muon"],
             "g4_default_whitened": g4d["whitened"], "g4_default_muon": g4d["muon"],

@@ -371,6 +371,10 @@ double gift_metric_cosine(const float *G, const float *Gh, size_t n);
  * A the din x din covariance (row-major). Returns a negative code on failure. */
 double gift_metric_whitened(const float *G, const float *Gh, int rows, int din,
                             const float *A, double damping);
+/* ||G L|| with L = (A + delta I)^-1/2 as above: G's size in the whitened metric.
+ * Negative code on failure. */
+double gift_metric_whitened_norm(const float *G, int rows, int din, const float *A,
+                                 double damping);
 /* What fp8's relative error predicts for GIFT fp8 with A's own geometry over
  * Euclidean fp8, in the whitened metric of A: sqrt(sum_w ||G_w L||^2 /
  * sum_w sum_ij G_w,ij^2 (L^2)_jj) for W gradients G (W x rows x din). A

@@ -171,6 +171,41 @@ double gift_metric_whitened(const float *G, const float *Gh, int rows, int din, 
 }
 
 /*
+ * gift_metric_whitened_norm: ||G L||_F with L = (A + delta I)^-1/2 as in
+ * gift_metric_whitened (the size of G in that metric, e.g. to weigh layers
+ * against each other). Returns it (0 for rows == 0) or a negative code as
+ * gift_metric_whitened.
+ */
+double gift_metric_whitened_norm(const float *G, int rows, int din, const float *A, double damping)
+{
+    double *V, *w, *X, s;
+    size_t i, nd, nx;
+    int rc;
+
+    if (G == NULL || A == NULL || rows < 0 || din < 1)
+        return GIFT_EINVAL;
+    if (!isfinite(damping) || damping < 0.0)
+        return GIFT_EINVAL;
+    if (rows == 0)
+        return 0.0;
+    nd = (size_t)din;
+    nx = (size_t)rows * nd;
+    if ((V = malloc((nd * nd + nd + 2 * nx) * sizeof(double))) == NULL)
+        return GIFT_ENOMEM;
+    w = V + nd * nd;
+    X = w + nd;
+    if ((rc = gift__whiten_eig(A, din, damping, V, w)) < 0) {
+        free(V);
+        return rc;
+    }
+    for (i = 0; i < nx; i++)
+        X[i] = G[i];
+    s = gift__whitened_sq(X, rows, din, V, w, X + nx);
+    free(V);
+    return sqrt(s);
+}
+
+/*
  * gift_metric_fp8_oracle: what fp8's relative error predicts for GIFT with the
  * geometry of A itself (T = L = (A + delta I)^-1/2) over Euclidean coding, in
  * the whitened metric of A. A floating-point code errs by about a fixed

@@ -105,7 +105,6 @@ import json, os, sys
 import numpy as np
 d = sys.argv[1]
 os.makedirs(d)
-rng = np.random.default_rng(1)
 shapes = {}
 for name, (r, c, seed) in {"blocks.0.a": (32, 64, 2), "blocks.0.b": (96, 48, 3),
                            "head": (32, 64, 2)}.items():
@@ -132,9 +131,8 @@ assert [s["layer"] for s in summ] == names, [s["layer"] for s in summ]
 a, b, c = summ
 assert a["g8_whitened_ratio"] == c["g8_whitened_ratio"], "identical layers a and head differ"
 assert len(wide) == 1 and wide[0]["step"] == 10 and wide[0]["layers"] == names, wide
-for key, per in (("g8_whitened_ratio", "g8_whitened_ratio"), ("g8_muon_ratio", "g8_muon_ratio"),
-                 ("e4_whitened_ratio", "e4_whitened_ratio"), ("e4_muon_ratio", "e4_muon_ratio")):
-    lo, hi = min(s[per] for s in summ), max(s[per] for s in summ)
+for key in ("g8_whitened_ratio", "g8_muon_ratio", "e4_whitened_ratio", "e4_muon_ratio"):
+    lo, hi = min(s[key] for s in summ), max(s[key] for s in summ)
     v = wide[0][key]
     assert lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9), f"model-wide {key} {v:.4f} outside the layers' {lo:.4f}..{hi:.4f}"
 w = wide[0]

@@ -244,6 +244,34 @@ START_TEST(test_whitened_bad)
 }
 END_TEST
 
+/* ||G L|| against the sum over a diagonal A worked directly. */
+START_TEST(test_whitened_norm)
+{
+    float A[WD * WD] = {0};
+    double tr = 0.0, delta, want = 0.0, v;
+    int i, j;
+
+    for (i = 0; i < WD; i++) {
+        A[i * WD + i] = (float)(100.0 / (1 + i * i));
+        tr += A[i * WD + i];
+    }
+    delta = 0.05 * tr / WD;
+    for (i = 0; i < WR; i++)
+        for (j = 0; j < WD; j++)
+            want += (double)w_G[i * WD + j] * w_G[i * WD + j] / (A[j * WD + j] + delta);
+    want = sqrt(want);
+    v = gift_metric_whitened_norm(w_G, WR, WD, A, 0.05);
+    ck_assert_msg(fabs(v - want) < 1e-10 * want, "whitened norm %.15g, want %.15g", v, want);
+    v = gift_metric_whitened_norm(w_G, 0, WD, A, 0.05);
+    ck_assert_msg(v == 0.0, "rows 0 gave %g", v);
+    v = gift_metric_whitened_norm(NULL, WR, WD, A, 0.05);
+    ck_assert_msg(v == GIFT_EINVAL, "NULL G gave %g", v);
+    memset(A, 0, sizeof(A));
+    v = gift_metric_whitened_norm(w_G, WR, WD, A, 0.05);
+    ck_assert_msg(v == GIFT_EINVAL, "zero A gave %g", v);
+}
+END_TEST
+
 /* ---- fp8 oracle prediction --------------------------------------------- */
 
 /* A diagonal A: per-coordinate scaling is all whitening does, the ratio is 1. */
@@ -512,6 +540,7 @@ static Suite *metrics_suite(void)
     tcase_add_test(white, test_whitened_diagonal);
     tcase_add_test(white, test_whitened_dense);
     tcase_add_test(white, test_whitened_bad);
+    tcase_add_test(white, test_whitened_norm);
     tcase_add_test(white, test_fp8_oracle_diagonal);
     tcase_add_test(white, test_fp8_oracle_hand);
     tcase_add_test(white, test_fp8_oracle_bad);
