@@ -111,6 +111,25 @@ static int gift__whiten_eig(const float *A, int din, double damping, double *V, 
     return 0;
 }
 
+/* One buffer for the whitened metrics: V (din x din), then w (din), then
+ * `extra` doubles of scratch, with V and w filled by gift__whiten_eig. Returns
+ * it (free() it) or NULL with *rc set (GIFT_ENOMEM or gift__whiten_eig's code). */
+static double *gift__whiten_alloc(const float *A, int din, double damping, size_t extra, int *rc)
+{
+    size_t nd = (size_t)din;
+    double *V = malloc((nd * nd + nd + extra) * sizeof(double));
+
+    if (V == NULL) {
+        *rc = GIFT_ENOMEM;
+        return NULL;
+    }
+    if ((*rc = gift__whiten_eig(A, din, damping, V, V + nd * nd)) < 0) {
+        free(V);
+        return NULL;
+    }
+    return V;
+}
+
 /* Sum over rows x din of (X V)_ij^2 w_j, X row-major double, V and w from
  * gift__whiten_eig: ||X L||^2 with L^2 = V diag(w) V^T. XV: rows x din scratch. */
 static double gift__whitened_sq(const double *X, int rows, int din, const double *V,
@@ -127,6 +146,40 @@ static double gift__whitened_sq(const double *X, int rows, int din, const double
     return s;
 }
 
+/* The whitened squared norms: *den = ||G L||^2 and, when Gh is not NULL,
+ * *num = ||(Gh - G) L||^2. Returns 0 or a negative code (see below). */
+static int gift__whitened_norms(const float *G, const float *Gh, int rows, int din,
+                                const float *A, double damping, double *num, double *den)
+{
+    double *V, *w, *X;
+    size_t i, nd, nx;
+    int rc;
+
+    *num = *den = 0.0;
+    if (G == NULL || A == NULL || rows < 0 || din < 1)
+        return GIFT_EINVAL;
+    if (!isfinite(damping) || damping < 0.0)
+        return GIFT_EINVAL;
+    if (rows == 0)
+        return 0;
+    nd = (size_t)din;
+    nx = (size_t)rows * nd;
+    if ((V = gift__whiten_alloc(A, din, damping, 2 * nx, &rc)) == NULL)
+        return rc;
+    w = V + nd * nd;
+    X = w + nd; /* rows x din row-major, then the product's scratch */
+    for (i = 0; i < nx; i++)
+        X[i] = G[i];
+    *den = gift__whitened_sq(X, rows, din, V, w, X + nx);
+    if (Gh != NULL) {
+        for (i = 0; i < nx; i++)
+            X[i] = (double)Gh[i] - (double)G[i];
+        *num = gift__whitened_sq(X, rows, din, V, w, X + nx);
+    }
+    free(V);
+    return 0;
+}
+
 /*
  * gift_metric_whitened: ||(Gh - G) L||_F / ||G L||_F with L = (A + delta I)^-1/2,
  * delta = damping tr(A) / din, A (din x din, row-major) symmetrised first.
@@ -139,34 +192,13 @@ static double gift__whitened_sq(const double *X, int rows, int din, const double
 double gift_metric_whitened(const float *G, const float *Gh, int rows, int din, const float *A,
                             double damping)
 {
-    double *V, *w, *X, num, den;
-    size_t i, nd, nx;
+    double num, den;
     int rc;
 
-    if (G == NULL || Gh == NULL || A == NULL || rows < 0 || din < 1)
+    if (Gh == NULL)
         return GIFT_EINVAL;
-    if (!isfinite(damping) || damping < 0.0)
-        return GIFT_EINVAL;
-    if (rows == 0)
-        return 0.0;
-    nd = (size_t)din;
-    nx = (size_t)rows * nd;
-    if ((V = malloc((nd * nd + nd + 3 * nx) * sizeof(double))) == NULL)
-        return GIFT_ENOMEM;
-    w = V + nd * nd;
-    X = w + nd;
-    if ((rc = gift__whiten_eig(A, din, damping, V, w)) < 0) {
-        free(V);
+    if ((rc = gift__whitened_norms(G, Gh, rows, din, A, damping, &num, &den)) < 0)
         return rc;
-    }
-    /* X = [Gh - G; G], each rows x din, row-major; the scratch after them. */
-    for (i = 0; i < nx; i++) {
-        X[i] = (double)Gh[i] - (double)G[i];
-        X[nx + i] = G[i];
-    }
-    num = gift__whitened_sq(X, rows, din, V, w, X + 2 * nx);
-    den = gift__whitened_sq(X + nx, rows, din, V, w, X + 2 * nx);
-    free(V);
     return gift__ratio(sqrt(num), sqrt(den));
 }
 
@@ -178,31 +210,12 @@ double gift_metric_whitened(const float *G, const float *Gh, int rows, int din, 
  */
 double gift_metric_whitened_norm(const float *G, int rows, int din, const float *A, double damping)
 {
-    double *V, *w, *X, s;
-    size_t i, nd, nx;
+    double num, den;
     int rc;
 
-    if (G == NULL || A == NULL || rows < 0 || din < 1)
-        return GIFT_EINVAL;
-    if (!isfinite(damping) || damping < 0.0)
-        return GIFT_EINVAL;
-    if (rows == 0)
-        return 0.0;
-    nd = (size_t)din;
-    nx = (size_t)rows * nd;
-    if ((V = malloc((nd * nd + nd + 2 * nx) * sizeof(double))) == NULL)
-        return GIFT_ENOMEM;
-    w = V + nd * nd;
-    X = w + nd;
-    if ((rc = gift__whiten_eig(A, din, damping, V, w)) < 0) {
-        free(V);
+    if ((rc = gift__whitened_norms(G, NULL, rows, din, A, damping, &num, &den)) < 0)
         return rc;
-    }
-    for (i = 0; i < nx; i++)
-        X[i] = G[i];
-    s = gift__whitened_sq(X, rows, din, V, w, X + nx);
-    free(V);
-    return sqrt(s);
+    return sqrt(den);
 }
 
 /*
@@ -228,15 +241,11 @@ double gift_metric_fp8_oracle(const float *G, int W, int rows, int din, const fl
         return GIFT_EINVAL;
     nd = (size_t)din;
     nx = (size_t)rows * nd;
-    if ((V = malloc((nd * nd + 2 * nd + 2 * nx) * sizeof(double))) == NULL)
-        return GIFT_ENOMEM;
+    if ((V = gift__whiten_alloc(A, din, damping, nd + 2 * nx, &rc)) == NULL)
+        return rc;
     w = V + nd * nd;
     diag = w + nd;
     X = diag + nd;
-    if ((rc = gift__whiten_eig(A, din, damping, V, w)) < 0) {
-        free(V);
-        return rc;
-    }
     for (i = 0; i < nd; i++) { /* (L^2)_ii = sum_k V_ik^2 w_k */
         diag[i] = 0.0;
         for (k = 0; k < nd; k++)
