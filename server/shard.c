@@ -147,8 +147,9 @@ struct tensor {
     int pull_ef; /* error feedback on the pulled mean (a lossy pull codec) */
     uint32_t k, ks, refresh;
     uint64_t seed;
+    /* This shard's chunks of the tensor, sorted by chunk id: a sparse index
+     * whose size is the number of chunks declared here, never an id's value. */
     chunk_t **by_id;
-    uint32_t nby_id;
     uint32_t nchunks;
     int owner;
     /* Geometry owner state. */
@@ -547,6 +548,13 @@ static int publish_geometry(gift_shard_t *s, tensor_t *t, uint64_t valid_from)
     return 0;
 }
 
+/* qsort order of a tensor's chunk index: ascending chunk id. */
+static int chunk_id_cmp(const void *a, const void *b)
+{
+    uint32_t x = (*(chunk_t *const *)a)->id, y = (*(chunk_t *const *)b)->id;
+    return (x > y) - (x < y);
+}
+
 /* Validates a Declare and builds the store from it. On error nothing is kept
  * and *why says what was wrong. */
 static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_t whylen)
@@ -615,39 +623,37 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
             }
         }
     }
+    /* Count each tensor's chunks, so that its index is sized by what is
+     * declared (bounded by the message) and never by a chunk id's value. */
     for (size_t i = 0; i < nc; i++) {
         const Gift__ChunkDecl *cd = d->chunks[i];
-        chunk_t *ch = &s->chunks[i];
-        tensor_t *t;
         if (cd->key >= nt) {
             snprintf(why, whylen, "chunk %u names tensor %u of %zu", cd->chunk, cd->key, nt);
             rc = GIFT_ENOKEY;
             goto fail;
         }
-        t = &s->tensors[cd->key];
+        s->tensors[cd->key].nchunks++;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        tensor_t *t = &s->tensors[i];
+        if (t->nchunks && (t->by_id = calloc(t->nchunks, sizeof *t->by_id)) == NULL)
+            goto fail;
+        t->nchunks = 0;
+    }
+    for (size_t i = 0; i < nc; i++) {
+        const Gift__ChunkDecl *cd = d->chunks[i];
+        chunk_t *ch = &s->chunks[i];
+        tensor_t *t = &s->tensors[cd->key];
+        /* A tensor has at most rows chunks, so a valid id is below rows. */
         if (cd->rows == 0 || (uint64_t)cd->row_begin + cd->rows > t->rows ||
-            cd->chunk > t->rows) {
-            snprintf(why, whylen, "chunk %u of tensor %u: rows [%u, %u) outside 0..%u", cd->chunk,
-                     cd->key, cd->row_begin, cd->row_begin + cd->rows, t->rows);
+            cd->chunk >= t->rows) {
+            snprintf(why, whylen, "chunk %u of tensor %u: rows [%u, %" PRIu64 ") outside 0..%u",
+                     cd->chunk, cd->key, cd->row_begin, (uint64_t)cd->row_begin + cd->rows,
+                     t->rows);
             rc = GIFT_ESHAPE;
             goto fail;
         }
-        if (cd->chunk >= t->nby_id) {
-            uint32_t nn = cd->chunk + 1;
-            chunk_t **nb = realloc(t->by_id, nn * sizeof *nb);
-            if (nb == NULL)
-                goto fail;
-            memset(nb + t->nby_id, 0, (nn - t->nby_id) * sizeof *nb);
-            t->by_id = nb;
-            t->nby_id = nn;
-        }
-        if (t->by_id[cd->chunk] != NULL) {
-            snprintf(why, whylen, "chunk %u of tensor %u declared twice", cd->chunk, cd->key);
-            rc = GIFT_EINVAL;
-            goto fail;
-        }
-        t->by_id[cd->chunk] = ch;
-        t->nchunks++;
+        t->by_id[t->nchunks++] = ch;
         ch->t = t;
         ch->id = cd->chunk;
         ch->row_begin = cd->row_begin;
@@ -664,6 +670,18 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
         }
         if (cd->chunk == 0)
             t->owner = 1;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        tensor_t *t = &s->tensors[i];
+        if (t->nchunks > 1)
+            qsort(t->by_id, t->nchunks, sizeof *t->by_id, chunk_id_cmp);
+        for (uint32_t j = 1; j < t->nchunks; j++)
+            if (t->by_id[j]->id == t->by_id[j - 1]->id) {
+                snprintf(why, whylen, "chunk %u of tensor %u declared twice", t->by_id[j]->id,
+                         t->key);
+                rc = GIFT_EINVAL;
+                goto fail;
+            }
     }
     /* Allocate every buffer now, once: nothing per message afterwards. */
     for (size_t i = 0; i < nc; i++) {
@@ -916,9 +934,19 @@ static chunk_t *find_chunk(gift_shard_t *s, uint32_t key, uint32_t id)
 {
     if (!s->declared || key >= s->ntensors)
         return NULL;
-    if (id >= s->tensors[key].nby_id)
-        return NULL;
-    return s->tensors[key].by_id[id];
+    {
+        const tensor_t *t = &s->tensors[key];
+        uint32_t lo = 0, hi = t->nchunks;
+        /* Binary search of the sorted sparse index. */
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (t->by_id[mid]->id < id)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        return lo < t->nchunks && t->by_id[lo]->id == id ? t->by_id[lo] : NULL;
+    }
 }
 
 /* The epoch the owner expects for pushes of step. */
@@ -1416,7 +1444,7 @@ static tensor_t *find_owned(gift_shard_t *s, gift_peer_t *p, uint32_t key, uint6
 static uint64_t first_clean_step(const tensor_t *t, uint64_t from)
 {
     uint64_t v = from;
-    for (uint32_t i = 0; i < t->nby_id; i++) {
+    for (uint32_t i = 0; i < t->nchunks; i++) {
         const chunk_t *ch = t->by_id[i];
         uint64_t s;
         if (ch == NULL || !ch->started)
@@ -1652,7 +1680,7 @@ int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_st
     out->bytes_out = t->bytes_out;
     out->push_codec = gift_format_name(t->push.fmt);
     out->pull_codec = gift_format_name(t->pull.fmt);
-    for (uint32_t i = 0; i < t->nby_id; i++) {
+    for (uint32_t i = 0; i < t->nchunks; i++) {
         const chunk_t *ch = t->by_id[i];
         if (ch && ch->started && (oldest == NULL || ch->base < oldest->base))
             oldest = ch;

@@ -1372,6 +1372,36 @@ START_TEST(test_declare_invalid)
 }
 END_TEST
 
+/* Chunk ids at the top of their range: the id 2^32-1 that once wrapped the
+ * chunk index to zero entries (a remote crash) is refused, and a sparse id
+ * near 2^32 costs one index entry, not a table as large as its value. */
+START_TEST(test_declare_chunk_id_bounds)
+{
+    static const tdesc_t t[1] = {{0, "tall", 0xFFFFFFFFu, 1, F32, 0, F32, 0, 0, 0, 0, 0, 0}};
+    static const cdesc_t wrap[1] = {{0, 0xFFFFFFFFu, 0xFFFFFFFEu, 1}};
+    static const cdesc_t sparse[2] = {{0, 0xFFFFFFFEu, 0xFFFFFFFEu, 1}, {0, 1u << 26, 1u << 26, 1}};
+    float x[1] = {0};
+    uint8_t junk[4] = {0};
+
+    DECLARE_ERR(&P[0], t, 1, wrap, 1, GIFT_ESHAPE);
+    ck_assert_msg(gift_shard_tensor_count(S) == 0, "refused declare kept %zu tensors",
+                  gift_shard_tensor_count(S));
+    DECLARE_OK(&P[0], t, 1, sparse, 2);
+    /* Both sparse chunks are found; an id between them is not. */
+    for (int r = 0; r < W; r++) {
+        x[0] = (float)(r + 1);
+        push_ok_at(&P[r], 0, 0xFFFFFFFEu, 0, 0, x, 0, __LINE__);
+        push_ok_at(&P[r], 0, 1u << 26, 0, 0, x, 0, __LINE__);
+    }
+    ck_assert_int_eq(push_raw(&P[0], 0, 5, 0, 0, F32, 0, junk, 4), 0);
+    EXPECT_ERROR(&P[0], GIFT_ENOKEY, 0);
+    ck_assert_msg(C()->steps_finished == 2, "steps_finished %" PRIu64 ", wanted 2",
+                  C()->steps_finished);
+    EXPECT_ERRORS(2, GIFT_ESHAPE, 1, GIFT_ENOKEY, 1);
+    QUIET_ALL();
+}
+END_TEST
+
 START_TEST(test_before_declare)
 {
     float x[7 * 13] = {0};
@@ -3645,6 +3675,7 @@ static Suite *shard_suite(void)
     tcase_add_test(declare, test_declare_digest_mismatch);
     tcase_add_test(declare, test_declare_differs);
     tcase_add_test(declare, test_declare_invalid);
+    tcase_add_test(declare, test_declare_chunk_id_bounds);
     tcase_add_test(declare, test_before_declare);
     suite_add_tcase(s, declare);
 
