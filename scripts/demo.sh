@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
-cmake --build build -j "${GIFT_JOBS:-2}" --target gift-bench giftd
+# `programs` is what `cmake --install build` installs, so that works afterwards.
+cmake --build build -j "${GIFT_JOBS:-2}" --target gift-bench programs
 
 mkdir -p bench/out
 echo "== gift-bench codec"
@@ -52,7 +53,6 @@ build/bench/gift-bench cluster --servers "$servers" --workers 2 --list llama \
 cleanup
 pids=()
 if /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
-  cmake --build build -j "${GIFT_JOBS:-2}" --target giftclient gift-bench giftd
   echo
   echo "== training through giftd (bench/convergence.sh, short run)"
   bench/convergence.sh --steps 150 --seeds 1 --comms "f32 bf16 fp8 fp8-gift nvfp4 nvfp4-gift" \
