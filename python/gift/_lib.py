@@ -9,9 +9,19 @@ _TensorDesc must match gift_tensor_desc_t field for field (the C side reads
 as many bytes as its size field says); tests/python/test_binding.py compares
 its size and offsets with the header, compiled.
 
-The library is found, in order, at $GIFT_LIBRARY, in the build folders of
-the repository this package sits in (build*/client/libgiftclient.so.0), and
-through the system loader (ctypes.util.find_library("giftclient")).
+The library is found, in order:
+  1. at $GIFT_LIBRARY, the path of libgiftclient.so.0 (giftrun sets it to the
+     library installed beside it, when unset);
+  2. next to this package (gift/libgiftclient.so.0), for a copy shipped with it;
+  3. in the build folders of the source tree this package sits in
+     (build*/client/libgiftclient.so.0), when it runs from python/;
+  4. through the system loader: libgiftclient.so.0 on LD_LIBRARY_PATH or in
+     ldconfig's cache (an install to /usr, or to /usr/local after ldconfig),
+     then ctypes.util.find_library("giftclient").
+A package installed with `pip install ./python` runs from site-packages, so
+(3) does not apply there: install the library to a system prefix, or set
+GIFT_LIBRARY (PREFIX/lib/libgiftclient.so.0 after `cmake --install build
+--prefix PREFIX`).
 """
 import ctypes
 import ctypes.util
@@ -95,10 +105,14 @@ def _candidates():
     if env:
         yield env
         return
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libgiftclient.so.0")
+    if os.path.exists(here):
+        yield here
     for pattern in ("build/client/libgiftclient.so*", "build*/client/libgiftclient.so*"):
         for p in sorted(glob.glob(os.path.join(_REPO, pattern))):
             if not p.endswith(".a"):
                 yield p
+    yield "libgiftclient.so.0"  # the system loader: LD_LIBRARY_PATH, ldconfig's cache
     found = ctypes.util.find_library("giftclient")
     if found:
         yield found
@@ -112,8 +126,9 @@ def _load():
         except OSError as e:
             tried.append(f"{path}: {e}")
     raise ImportError(
-        "gift: cannot load libgiftclient; build it (cmake --build build) or set "
-        "GIFT_LIBRARY to its path. Tried: " + ("; ".join(tried) or "nothing found"))
+        "gift: cannot load libgiftclient; build it (cmake --build build), or set "
+        "GIFT_LIBRARY to its path (PREFIX/lib/libgiftclient.so.0 after cmake --install). "
+        "Tried: " + ("; ".join(tried) or "nothing found"))
 
 
 lib, path = _load()

@@ -10,13 +10,25 @@
 #      defines every gift symbol its own objects use (self-contained).
 #   3. The installed examples/push_pull.c is built outside the tree three
 #      ways: pkg-config (shared; NEEDED libgiftclient.so.0, found in the
-#      prefix), pkg-config --static (libgiftclient.a linked in), and a CMake
+#      prefix through the RPATH that `pkg-config --libs` gives for a prefix
+#      outside the system's library folders; `--cflags` is the prefix's
+#      include folder alone), pkg-config --static (libgiftclient.a linked in), and a CMake
 #      project with find_package(giftclient) for giftclient::giftclient and
 #      giftclient::giftclient_static (and once more with no pkg-config, for
 #      the shared target alone). The header also compiles as C++.
 #   4. Every binary run with no servers set fails with a clear message; run
 #      against a fresh giftd (BINARY_DIR/server/giftd, world size 1) it
-#      succeeds and prints one line per step.
+#      succeeds and prints one line per step. Nothing runs with
+#      LD_LIBRARY_PATH set.
+#   5. The installed giftrun, with the build tree off PATH, starts the
+#      installed giftd (2 shards) and 2 workers of the pkg-config build, and
+#      hands them the installed library as GIFT_LIBRARY.
+#   6. `pip install --no-build-isolation` of a copy of SOURCE_DIR/python into
+#      a venv made with /usr/bin/python3 -m venv --system-site-packages (so
+#      Debian's torch is seen); outside the source tree, the installed
+#      package imports gift.torch and loads the installed library, through
+#      GIFT_LIBRARY and through LD_LIBRARY_PATH. Skipped with a note when
+#      that Python has no venv, pip or setuptools; gift.torch only with torch.
 #
 # Environment: CC (the compiler; default cc), GIFT_TEST_CFLAGS (added to
 # every outside compile and link, e.g. the sanitizer flags of the build).
@@ -61,6 +73,7 @@ step() { echo "install_check: $*"; }
 
 # Nothing from the caller's environment chooses servers or ranks.
 unset GIFT_SERVERS GIFT_RANK GIFT_WORLD RANK WORLD_SIZE PKG_CONFIG_PATH CMAKE_PREFIX_PATH DESTDIR
+unset GIFT_LIBRARY LD_LIBRARY_PATH PYTHONPATH
 
 # --- 1. install -------------------------------------------------------------
 cmake --install "$bin" --prefix "$prefix" >"$work/install.log" 2>&1 ||
@@ -121,9 +134,13 @@ needs_so() { # needs_so BINARY: 0 when BINARY has libgiftclient.so.0 in NEEDED
     readelf -d "$1" | grep 'NEEDED.*\[libgiftclient\.so\.0\]' >/dev/null
 }
 
+# --cflags: the include folder alone (none of the dependencies' folders).
+cflags=$(pkg-config --cflags giftclient)
+[[ $cflags == "-I$inc" || $cflags == "-I$inc " ]] ||
+    fail "pkg-config --cflags giftclient is '$cflags', expected -I$inc alone"
 read -r -a pc_shared <<<"$(pkg-config --cflags --libs giftclient)"
 "$cc" "${strict[@]}" "${extra[@]}" "$example" -o "$work/pp_pkgconfig" \
-    "${pc_shared[@]}" -Wl,-rpath,"$libdir" || fail "pkg-config build (shared)"
+    "${pc_shared[@]}" || fail "pkg-config build (shared)"
 needs_so "$work/pp_pkgconfig" || fail "pp_pkgconfig does not link libgiftclient.so.0"
 resolved=$(ldd "$work/pp_pkgconfig" | awk '$1 == "libgiftclient.so.0" {print $3}')
 [[ $(readlink -f "$resolved") == "$so" ]] ||
@@ -234,4 +251,55 @@ for exe in "${binaries[@]}"; do
     pid=
     step "$name against giftd: $(grep -c '^step ' "$work/run.out") steps, last: $(tail -n 1 "$work/run.out")"
 done
+
+# --- 5. the installed giftrun ----------------------------------------------------------
+ilib=$(readlink -f "$libdir/libgiftclient.so.0")
+printf '%s\n' 'echo "lib $GIFT_LIBRARY"' 'exec "$@"' >"$work/show_lib.sh"
+rc=0
+PATH=/usr/bin:/bin timeout 120 "$prefix/bin/giftrun" --workers 2 --shards 2 -- \
+    bash "$work/show_lib.sh" "$work/pp_pkgconfig" >"$work/giftrun.out" 2>&1 || rc=$?
+if [[ $rc -ne 0 ]] || ! grep -q '^giftrun: done: 2 workers exited 0' "$work/giftrun.out"; then
+    tail -n 30 "$work/giftrun.out" >&2
+    fail "installed giftrun with 2 workers and 2 shards: exit status $rc"
+fi
+lib=$(sed -n 's/^\[worker0\] lib //p' "$work/giftrun.out")
+[[ $(readlink -f "$lib") == "$ilib" ]] || fail "giftrun gave GIFT_LIBRARY='$lib', not the installed $ilib"
+[[ $(grep -c '^\[worker[01]\] step [0-9]*: ' "$work/giftrun.out") -ge 2 ]] ||
+    fail "installed giftrun: no step lines from both workers"
+step "installed giftrun: 2 shards (installed giftd), 2 workers, GIFT_LIBRARY=${lib#"$prefix"/}"
+
+# --- 6. pip install ./python ------------------------------------------------------------
+py=/usr/bin/python3
+if ! "$py" -c 'import venv, ensurepip, setuptools, pip' 2>/dev/null; then
+    step "ok (pip install ./python not tried: $py lacks venv, ensurepip, pip or setuptools)"
+    exit 0
+fi
+cp -r "$src/python" "$work/python"  # pip builds in the folder it is given
+"$py" -m venv --system-site-packages "$work/venv" >"$work/venv.log" 2>&1 ||
+    { cat "$work/venv.log" >&2; fail "$py -m venv --system-site-packages"; }
+"$work/venv/bin/pip" install --no-build-isolation --no-index -q "$work/python" >"$work/pip.log" 2>&1 ||
+    { cat "$work/pip.log" >&2; fail "pip install --no-build-isolation ./python"; }
+rm -rf "$work/python"
+[[ $("$work/venv/bin/pip" show giftclient 2>/dev/null | sed -n 's/^Version: //p') == "$version" ]] ||
+    fail "pip show giftclient: not version $version"
+module=gift
+"$py" -c 'import torch' 2>/dev/null && module=gift.torch
+# The library actually mapped, whatever name it was loaded by.
+probe="import $module, gift; print(gift.__file__); print(next(l.split()[-1] for l in open('/proc/self/maps') if 'libgiftclient.so' in l)); print(gift.version())"
+for how in GIFT_LIBRARY LD_LIBRARY_PATH; do
+    if [[ $how == GIFT_LIBRARY ]]; then
+        out=$(cd "$work" && GIFT_LIBRARY=$libdir/libgiftclient.so.0 "$work/venv/bin/python" -c "$probe" 2>&1) ||
+            { echo "$out" >&2; fail "import $module from the venv (GIFT_LIBRARY)"; }
+    else
+        out=$(cd "$work" && LD_LIBRARY_PATH=$libdir "$work/venv/bin/python" -c "$probe" 2>&1) ||
+            { echo "$out" >&2; fail "import $module from the venv (LD_LIBRARY_PATH)"; }
+    fi
+    mapfile -t got <<<"$out"
+    [[ ${got[0]} == "$work/venv/lib/"*/site-packages/gift/__init__.py ]] ||
+        fail "gift imported from ${got[0]}, not from the venv"
+    [[ $(readlink -f "${got[1]}") == "$ilib" ]] ||
+        fail "the venv's gift loaded ${got[1]}, not the installed library ($how)"
+    [[ ${got[2]} == "$version" ]] || fail "gift.version() is '${got[2]}', expected $version"
+done
+step "pip install ./python into a venv (--system-site-packages): import $module, library through GIFT_LIBRARY and LD_LIBRARY_PATH"
 step "ok"
