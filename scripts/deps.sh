@@ -9,6 +9,7 @@ PKGS=(
   libopenblas-dev libopenblas0-pthread liblapacke-dev libinih-dev libsodium-dev
   curl prometheus
   python3-torch python3-numpy python3-pytest python3-matplotlib
+  python3-venv python3-pip python3-setuptools python3-wheel
   python3-jsonschema python3-yaml scdoc iproute2 systemd
 )
 
@@ -32,7 +33,38 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
 fi
 
+# apt_get ARGS...: apt-get, waiting while another apt-get or dpkg (say an
+# unattended upgrade) holds its lock, instead of failing at once: it retries
+# every 10 s for up to GIFT_APT_WAIT seconds (default 300), then gives up with
+# apt's own message.
+apt_get() {
+  local waited=0 err rc
+  err=$(mktemp)
+  while :; do
+    rc=0
+    $SUDO apt-get "$@" 2>"$err" || rc=$?
+    if [ "$rc" -eq 0 ]; then
+      cat "$err" >&2
+      rm -f "$err"
+      return 0
+    fi
+    if ! grep -qE 'Could not get lock|Unable to acquire the dpkg frontend lock|Unable to lock' "$err" ||
+       [ "$waited" -ge "${GIFT_APT_WAIT:-300}" ]; then
+      cat "$err" >&2
+      rm -f "$err"
+      [ "$waited" -eq 0 ] || echo "deps: still locked after ${waited} s; rerun when the other apt is done" >&2
+      return "$rc"
+    fi
+    if [ "$waited" -eq 0 ]; then
+      echo "deps: another apt or dpkg holds the package lock ($(grep -m1 -oE '/var/[^ ]*lock[-a-z]*' "$err" || echo its lock));" \
+           "waiting up to ${GIFT_APT_WAIT:-300} s" >&2
+    fi
+    sleep 10
+    waited=$((waited + 10))
+  done
+}
+
 echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+apt_get update -q
+apt_get install -y -q --no-install-recommends "${missing[@]}"
