@@ -7,6 +7,7 @@
 
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <assert.h>
 #include <ctype.h>
 #include <errno.h>
@@ -894,7 +895,16 @@ static int check_whole(const gift_config_t *c, char *err, size_t errlen)
     int port = gift_config_option_index("port"), http = gift_config_option_index("http_port");
     int chunk = gift_config_option_index("chunk_bytes");
     int frame = gift_config_option_index("max_frame_bytes");
+    int bind = gift_config_option_index("bind");
+    unsigned char addr[16];
 
+    if (inet_pton(AF_INET, c->bind, addr) != 1 && inet_pton(AF_INET6, c->bind, addr) != 1) {
+        describe_origin(c, (size_t)bind, a, sizeof a);
+        return fail(err, errlen,
+                    "bind '%s' (%s) is not an IPv4 or IPv6 address (host names are not "
+                    "resolved); use 127.0.0.1 for this host only, 0.0.0.0 or :: for all",
+                    c->bind, a);
+    }
     if (c->shard_id >= c->num_shards) {
         describe_origin(c, (size_t)shard, a, sizeof a);
         describe_origin(c, (size_t)nshards, b, sizeof b);
