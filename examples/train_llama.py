@@ -20,12 +20,18 @@ f32 | bf16 | fp8 | fp8-gift | nvfp4 | nvfp4-gift ("-gift": the GIFT geometry on
 every nn.Linear weight with at least 64 inputs and --gift-min elements; all
 other tensors Euclidean, in the same format).
 
-Run with torchrun or with the variables it sets (RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT) and GIFT_SERVERS naming the cluster, e.g.:
+Run it with giftrun, which starts the shards and the workers together and
+sets every variable (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+GIFT_SERVERS):
 
-    build/server/giftd --port 7070 --http-port -1 --world-size 2 &
-    export GIFT_SERVERS=127.0.0.1:7070 PYTHONPATH=python
-    torchrun --nproc_per_node 2 examples/train_llama.py --comm fp8-gift --steps 300
+    build/tools/giftrun --workers 2 --shards 2 -- \
+        /usr/bin/python3 examples/train_llama.py --comm fp8-gift --steps 300
+
+or set those variables yourself against running shards. torchrun from
+Debian's torch 1.13 fails on Python 3.11 before starting any worker
+(AttributeError: 'NoneType' object has no attribute 'get'; README.md,
+"torchrun"); `torchrun --redirects 1 --tee 1 ...` avoids that bug.
+--timeout-ms bounds each push and pull (libgiftclient's default: 60 s).
 
 Rank 0 prints progress and, with --out DIR, writes DIR/log.csv (per step:
 train loss averaged over the workers, validation loss every --val-every
@@ -246,6 +252,8 @@ def parse_args(argv=None):
                    help="comma-separated nn.Linear modules whose weight gradient and inputs "
                         "are dumped, or 'all' (every nn.Linear: the blocks' and the head)")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--timeout-ms", type=int, default=0,
+                   help="fail a push or pull not done in this many ms (0: the library's 60 s)")
     return p.parse_args(argv)
 
 
@@ -272,7 +280,7 @@ def main(argv=None):
                                          pull_error_feedback=False if args.no_pull_ef else None,
                                          overrides={"*": {"pull_codec": args.pull_codec}}
                                          if args.pull_codec else None)
-    state = gift.torch.GiftState(model, policy=policy, seed=args.seed)
+    state = gift.torch.GiftState(model, policy=policy, seed=args.seed, timeout_ms=args.timeout_ms)
     ddp = nn.parallel.DistributedDataParallel(model)
     ddp.register_comm_hook(state, gift.torch.comm_hook)
     opts = make_optimizers(model, args)
