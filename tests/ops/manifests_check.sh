@@ -64,10 +64,11 @@ GIFTD_AUTH_KEY_FILE='' GIFTD_DATA_DIR="$work/data" "$giftd" --config "$conf" --c
     >"$work/check.out" 2>&1 || { cat "$work/check.out" >&2; fail "giftd --check-config $conf"; }
 echo "manifests_check: giftd --check-config accepts docker/giftd.conf"
 
-for f in "$src"/examples/slurm/*.sbatch "$src"/examples/slurm/*.sh; do
+slurm=("$src"/examples/slurm/*.sbatch)
+for f in "${slurm[@]}"; do
     bash -n "$f" || fail "bash -n $f"
 done
 if command -v shellcheck >/dev/null 2>&1; then
-    shellcheck -s bash "$src"/examples/slurm/*.sbatch "$src"/examples/slurm/*.sh || fail "shellcheck examples/slurm"
+    shellcheck -s bash "${slurm[@]}" || fail "shellcheck examples/slurm"
 fi
 echo "manifests_check: ok"
