@@ -254,6 +254,7 @@ done
 
 # --- 5. the installed giftrun ----------------------------------------------------------
 ilib=$(readlink -f "$libdir/libgiftclient.so.0")
+# shellcheck disable=SC2016  # expanded by the worker's shell
 printf '%s\n' 'echo "lib $GIFT_LIBRARY"' 'exec "$@"' >"$work/show_lib.sh"
 rc=0
 PATH=/usr/bin:/bin timeout 120 "$prefix/bin/giftrun" --workers 2 --shards 2 -- \
