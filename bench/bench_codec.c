@@ -103,7 +103,7 @@ void bench_codec_usage(FILE *f)
             "Throughput is GB/s of fp32 data (4 * n bytes / median seconds, 1 GB = 1e9 B)\n"
             "over R timed runs after one warm-up run. Single-core memcpy of the same 4 * n\n"
             "bytes (R runs before and R after the codec rows, median of all) is the\n"
-            "yardstick; 'x memcpy' is each throughput over memcpy's. The issue's targets:\n"
+            "yardstick; 'x memcpy' is each throughput over memcpy's. The targets:\n"
             "fp8-e4m3 euclidean encode and decode >= %.1fx memcpy, nvfp4 euclidean >= %.1fx;\n"
             "those rows get a PASS/FAIL column. relL2 is the round-trip error of each row\n"
             "(a sanity check, not a fidelity benchmark: see `gift-bench fidelity`).\n"

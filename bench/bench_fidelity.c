@@ -185,7 +185,7 @@ void bench_fidelity_usage(FILE *f)
             "                is not tuned for GIFT: per worker N tokens of inputs\n"
             "                X = Z diag(sqrt(s)) V^T with one shared random orthogonal V,\n"
             "                s_i proportional to i^-1.45 (fitted to the real Llama layer of\n"
-            "                DESIGN.md section 2; mean channel variance 1), Z Student-t\n"
+            "                bench/README.md; mean channel variance 1), Z Student-t\n"
             "                (%d dof, unit variance); plus %d outlier channels (fixed\n"
             "                coordinates, the 'massive activations' of LLMs) with 20, 30, 40\n"
             "                and 50x the mean channel variance; output gradients D (N x R)\n"
@@ -446,7 +446,7 @@ static int read_f32_file(const char *path, const char *what, const char *shape, 
  *
  *  - Layer inputs x (din) with covariance V diag(s) V^T, s_i proportional to
  *    i^-FID_DECAY_DEFAULT. The exponent is fitted to the one real layer we
- *    hold figures for (DESIGN.md section 2: a 256x688 Llama MLP
+ *    hold figures for (bench/README.md: a 256x688 Llama MLP
  *    down-projection whose full-rank GIFT-FP8 whitened error was 0.25x
  *    Euclidean; for a power law that ratio sits at the bound
  *    din / sqrt(tr A tr (A + delta I)^-1), which is 0.25 at din 688 for an

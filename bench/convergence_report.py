@@ -18,8 +18,8 @@ bench/convergence_report.py: the tables and the plot of bench/convergence.sh.
       geometry was built from).
       --geometry-from grad-gram: the geometry is sketched instead from the Gram
       matrix of the previous dumped step's mean gradient, Gbar^T Gbar / rows
-      (DESIGN.md 2: "a worker that cannot see activations may sketch the
-      averaged gradient instead"); every worker holds the same Gbar after its
+      (a worker that cannot see activations may sketch the averaged gradient
+      instead; docs/ARCHITECTURE.md, "The transform"); every worker holds the same Gbar after its
       pull, so each worker's sketch file is that one matrix (needs numpy).
       Writes one JSON per (step, layer) and fidelity.md; for a step with three or
       more dumped layers also the errors of the whole dumped update (every

@@ -1,6 +1,6 @@
 /*
  * placement.c: chunking and greedy longest-processing-time placement
- * (placement.h, DESIGN.md section 4).
+ * (placement.h).
  *
  * Every worker must compute the same plan from the same declared list, so
  * nothing here depends on the C library or on the machine beyond IEEE

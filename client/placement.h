@@ -1,7 +1,8 @@
 /*
  * placement.h: how libgiftclient cuts tensors into chunks and places the
- * chunks on shards (DESIGN.md section 4). Pure functions of the declared
- * list: every worker computes the same plan.
+ * chunks on shards (docs/ARCHITECTURE.md, "Tensors, chunks and
+ * placement"). Pure functions of the declared list: every worker computes
+ * the same plan.
  *
  * Chunks: a tensor of rows x cols is cut into whole-row chunks of at most
  * chunk_bytes of FP32 (at least one row each), as even as possible: with

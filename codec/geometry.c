@@ -1,5 +1,5 @@
 /*
- * geometry.c: the GIFT geometry (DESIGN.md section 2). Rank policy, the
+ * geometry.c: the GIFT geometry (docs/ARCHITECTURE.md, "The transform"). Rank policy, the
  * random starting basis, the stable Nystrom update from summed sketches, the
  * sketch itself, the transform T = c I + U_k diag(d) U_k^T and its inverse,
  * and error feedback in transformed coordinates.
@@ -352,7 +352,7 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
  * Stable Nystrom (Tropp, Yurtsever, Udell, Cevher 2017), in double:
  * Y_nu = Y + nu Q, C = chol(sym(Q^T Y_nu)) (nu grows on failure), B = Y_nu C^-1,
  * B = Q_b R, eig(R R^T) = W S W^T, U = Q_b W (descending), lambda = max(0, S - nu).
- * Then sigma2, delta, c, d, c_inv, d_inv as in DESIGN.md section 2.
+ * Then sigma2, delta, c, d, c_inv, d_inv as in gift_codec.h's gift_geometry_t.
  *
  * trace <= 0 gives the identity transform (U kept as the next basis). Either way
  * the epoch advances by one. On any error g is left exactly as it was.

@@ -2,10 +2,10 @@
  * gift_codec.h: the GIFT codec. Number formats, the geometry transform,
  * sketches, error feedback and fidelity metrics. CPU only, no I/O.
  *
- * Formats (DESIGN.md section 3). Every encoder rounds to nearest even (or
- * stochastically, when asked), saturates to the finite maximum and refuses
- * NaN/Inf input with GIFT_ENONFINITE (the payload is then unspecified and
- * must not be sent).
+ * Formats (docs/ARCHITECTURE.md, "Codec formats"). Every encoder rounds to
+ * nearest even (or stochastically, when asked), saturates to the finite
+ * maximum and refuses NaN/Inf input with GIFT_ENONFINITE (the payload is then
+ * unspecified and must not be sent).
  *
  *   f32      raw IEEE binary32, 4 bytes/elem, no scales
  *   bf16     bfloat16, 2 bytes/elem, no scales; saturates to +-0x7F7F
@@ -230,7 +230,7 @@ int gift_simd_force(gift_simd_t s);
 const char *gift_simd_name(gift_simd_t s);
 
 /* ------------------------------------------------------------------ */
-/* Geometry and transform (DESIGN.md section 2).                        */
+/* Geometry and transform (docs/ARCHITECTURE.md, "The transform").      */
 /* ------------------------------------------------------------------ */
 
 /* The published geometry of one tensor: U (din x ks, row-major, orthonormal
@@ -262,7 +262,7 @@ typedef struct gift_geometry {
  * din <= 256; otherwise din/4 rounded up to a multiple of 16, clamped to
  * [64, 512], so that the transform (4*rows*din*k flops each way) stays below
  * 2048 flops per gradient element while keeping k/din near 1/4, where the
- * measurements of DESIGN.md section 2 put most of the gain. */
+ * rank measurements in bench/README.md put most of the gain. */
 int gift_rank_default(int rows, int din);
 /* Basis columns for rank k: min(din, k + oversample). */
 int gift_basis_cols(int din, int k, int oversample);

@@ -1,7 +1,8 @@
 /*
- * metrics.c: fidelity metrics of DESIGN.md section 3 (RelL2, cosine, the
- * whitened error and the error of Muon's Newton-Schulz update). These are
- * diagnostics: they work in double precision and allocate freely.
+ * metrics.c: fidelity metrics (RelL2, cosine, the whitened error and the
+ * error of Muon's Newton-Schulz update; docs/ARCHITECTURE.md, "Codec
+ * formats"). These are diagnostics: they work in double precision and
+ * allocate freely.
  */
 #include <cblas.h>
 #include <lapacke.h>
