@@ -7,7 +7,7 @@
  * FP32-equivalent GB/s, wire GB/s and step time p50/p99. The same run
  * measures a raw-TCP baseline between two processes (streaming GB/s and
  * 4 KiB round trip) and a 4 KiB push+pull through giftd, and checks the
- * issue's three targets against it.
+ * three targets against it.
  *
  * Processes: every child (shards, workers, the raw-TCP peer) is recorded in
  * one table and killed at exit, on every path: an atexit handler, a
@@ -56,7 +56,7 @@
 #define CL_SKETCH_ROWS 256 /* rows of the random layer inputs sketched per tensor */
 #define CL_REFRESH 1000    /* sketch once, at the first step (a multiple of it) */
 
-/* Targets from the cluster issue. */
+/* Targets of the cluster benchmark. */
 #define TARGET_WIRE_X_RAW 0.8  /* f32 push+pull wire rate over raw streaming */
 #define TARGET_FP8_X_F32 3.0   /* fp8-e4m3 goodput over f32 goodput */
 #define TARGET_PROBE_X_RTT 3.0 /* 4 KiB push+pull p50 over raw round trip, at most */
@@ -269,7 +269,7 @@ void bench_cluster_usage(FILE *f)
             "worker), wire GB/s (client bytes_out + bytes_in per second), step p50/p99.\n"
             "In the same run: raw TCP between two processes (streaming GB/s, 4 KiB\n"
             "round trip) and a 4 KiB push+pull through giftd (a 1 x 1024 f32 tensor).\n"
-            "Targets (issue; meant for 1 shard, 1 worker, --mib 64 --chunk-mib 4):\n"
+            "Targets (meant for 1 shard, 1 worker, --mib 64 --chunk-mib 4):\n"
             "f32 wire >= %.1fx raw streaming; fp8-e4m3 goodput >= %.0fx f32 goodput;\n"
             "4 KiB push+pull p50 <= %.0fx raw round trip. Exit 0 when the run completes,\n"
             "pass or fail.\n"

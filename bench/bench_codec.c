@@ -31,11 +31,11 @@
 #define CODEC_MAX_REPEATS 1000
 #define CODEC_SKETCH_ROUNDS 2
 
-/* Targets from the codec issue: ratio of encode and decode throughput to
+/* Targets: ratio of encode and decode throughput to
  * memcpy for Euclidean rows. */
 #define TARGET_E4M3 0.5
 #define TARGET_NVFP4 0.3
-/* The GPU issue's: ratio to a device-to-device copy. */
+/* On the GPU: ratio to a device-to-device copy. */
 #define TARGET_GPU_E4M3 0.6
 #define TARGET_GPU_NVFP4 0.4
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# soak.sh [GIFTD] [WORKER]: the soak benchmark of issue 6.
+# soak.sh [GIFTD] [WORKER]: the soak benchmark (bench/RESULTS.md, "Durability").
 #
 # Two giftd shards (aggregate ordered, checkpoints every 200 steps with the
 # step log on, data_dir under a temporary folder) and SOAK_WORKERS (4)
