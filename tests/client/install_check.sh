@@ -31,7 +31,9 @@
 #      that Python has no venv, pip or setuptools; gift.torch only with torch.
 #
 # Environment: CC (the compiler; default cc), GIFT_TEST_CFLAGS (added to
-# every outside compile and link, e.g. the sanitizer flags of the build).
+# every outside compile and link, e.g. the sanitizer flags of the build),
+# GIFT_TEST_PRELOAD (LD_PRELOAD for the venv's Python, e.g. the sanitizer
+# runtimes an instrumented library needs loaded first).
 # Exits 77 (skipped) when pkg-config is missing. Everything lives in one
 # temporary directory, removed on the way out with any giftd still running.
 set -euo pipefail
@@ -285,14 +287,16 @@ rm -rf "$work/python"
     fail "pip show giftclient: not version $version"
 module=gift
 "$py" -c 'import torch' 2>/dev/null && module=gift.torch
+vpy=("$work/venv/bin/python")
+[[ -n ${GIFT_TEST_PRELOAD:-} ]] && vpy=(env "LD_PRELOAD=$GIFT_TEST_PRELOAD" ASAN_OPTIONS=detect_leaks=0 "${vpy[@]}")
 # The library actually mapped, whatever name it was loaded by.
 probe="import $module, gift; print(gift.__file__); print(next(l.split()[-1] for l in open('/proc/self/maps') if 'libgiftclient.so' in l)); print(gift.version())"
 for how in GIFT_LIBRARY LD_LIBRARY_PATH; do
     if [[ $how == GIFT_LIBRARY ]]; then
-        out=$(cd "$work" && GIFT_LIBRARY=$libdir/libgiftclient.so.0 "$work/venv/bin/python" -c "$probe" 2>&1) ||
+        out=$(cd "$work" && GIFT_LIBRARY=$libdir/libgiftclient.so.0 "${vpy[@]}" -c "$probe" 2>&1) ||
             { echo "$out" >&2; fail "import $module from the venv (GIFT_LIBRARY)"; }
     else
-        out=$(cd "$work" && LD_LIBRARY_PATH=$libdir "$work/venv/bin/python" -c "$probe" 2>&1) ||
+        out=$(cd "$work" && LD_LIBRARY_PATH=$libdir "${vpy[@]}" -c "$probe" 2>&1) ||
             { echo "$out" >&2; fail "import $module from the venv (LD_LIBRARY_PATH)"; }
     fi
     mapfile -t got <<<"$out"

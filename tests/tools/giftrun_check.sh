@@ -19,6 +19,8 @@
 #  5. Usage errors exit 2 with a message that says what to give.
 # Every process of the run has this test's temporary folder in its command
 # line (giftd through --data-dir), which is how "nothing left" is checked.
+# GIFT_TEST_PRELOAD (the sanitizer build's runtimes) goes into LD_PRELOAD of
+# the Python workers only.
 set -euo pipefail
 
 giftrun=${1:?usage: giftrun_check.sh GIFTRUN PUSH_PULL SOURCE_DIR}
@@ -68,6 +70,7 @@ wait_for() {
     fail "no line matching '$2' in $(basename "$1") within 60 s"
 }
 
+preload=${GIFT_TEST_PRELOAD:-}
 while IFS= read -r var; do unset "$var"; done < <(compgen -e | grep -E '^(GIFTD_|GIFT_)' || true)
 unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
 export OPENBLAS_NUM_THREADS=1
@@ -80,6 +83,8 @@ tiny=(--dim 32 --layers 1 --heads 2 --seq 32 --batch 4 --warmup 2 --val-every 5 
 train() { # train STEPS: sets cmd to the worker command of a training run
     if [[ $have_torch -eq 1 ]]; then
         cmd=("$py" "$src/examples/train_llama.py" "${tiny[@]}" --steps "$1" --out "$work/out-$1")
+        [[ -z $preload ]] ||
+            cmd=(env "LD_PRELOAD=$preload" ASAN_OPTIONS=detect_leaks=0 "${cmd[@]}")
     else
         cmd=("$push_pull")
     fi

@@ -7,12 +7,14 @@
 # trains examples/train_llama.py for 10 steps with 2 workers through giftrun
 # --slurm --servers, and drains the shards; it must exit 0, the shards must
 # have written their checkpoints in RUN_DIR/shard-0 and shard-1, and nothing
-# of the run may be left. Exit 77 (skipped) without torch.
+# of the run may be left. Exit 77 (skipped) without torch. GIFT_TEST_PRELOAD
+# (the sanitizer build's runtimes) goes into LD_PRELOAD of the workers' Python.
 set -euo pipefail
 
 bin=${1:?usage: slurm_check.sh BINARY_DIR SOURCE_DIR}
 src=${2:?}
 py=/usr/bin/python3
+preload=${GIFT_TEST_PRELOAD:-}
 "$py" -c 'import torch, numpy' 2>/dev/null || { echo "slurm_check: no torch in $py; skipping" >&2; exit 77; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/giftrun-slurm-XXXXXX")
@@ -57,8 +59,14 @@ var=SLURM_JOB_NODELIST_HET_GROUP_$group
 export SLURM_STEP_NODELIST=${!var} SLURM_STEP_NUM_NODES=1 SLURM_NODEID=0 SLURM_PROCID=0 SLURM_LOCALID=0
 exec "$@"
 EOS
-ln -s "$py" "$work/fake/python3"
-chmod +x "$work/fake/srun" "$work/fake/scontrol"
+# python3: Debian's, with the sanitizer runtimes first when the library needs them.
+if [[ -n $preload ]]; then
+    printf '#!/bin/bash\nLD_PRELOAD=%q ASAN_OPTIONS=detect_leaks=0 exec %q "$@"\n' \
+        "$preload" "$py" >"$work/fake/python3"
+else
+    printf '#!/bin/bash\nexec %q "$@"\n' "$py" >"$work/fake/python3"
+fi
+chmod +x "$work/fake/srun" "$work/fake/scontrol" "$work/fake/python3"
 
 while IFS= read -r var; do unset "$var"; done < <(compgen -e | grep -E '^(GIFTD_|GIFT_|SLURM_)' || true)
 unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
