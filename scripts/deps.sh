@@ -10,6 +10,7 @@ PKGS=(
   curl prometheus
   python3-torch python3-numpy python3-pytest python3-matplotlib
   python3-jsonschema python3-yaml scdoc iproute2 systemd
+  docker.io docker-compose debootstrap
 )
 
 missing=()
