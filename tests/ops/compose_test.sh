@@ -9,11 +9,11 @@
 #     STEPS (20) steps at width DIM (32); the shards reach each other on the
 #     project's bridge network, /metrics answers on 127.0.0.1 only, both
 #     workers exit 0 and the final loss is finite;
-#   - run 2, on fresh volumes, KILL_STEPS (150) steps: once shard 0 (which
-#     holds this small model's only chunk) has written its first checkpoint
-#     (checkpoint_steps = 100), `docker kill` (SIGKILL) it while the workers
-#     run, start it again, and check that the workers finish and that the
-#     shard logged the restore of that checkpoint;
+#   - run 2, on fresh volumes, KILL_STEPS (60) steps, a checkpoint every
+#     CKPT_STEPS (10): once shard 0 (which holds this small model's only
+#     chunk) has written its first, `docker kill` (SIGKILL) it while the
+#     workers run, start it again, and check that the workers finish and
+#     that the shard logged the restore of that checkpoint;
 #   - after each run `compose down -v` leaves no container, network or volume
 #     of the project (giftd-test) behind; on any exit too (trap).
 #
@@ -27,7 +27,8 @@ set -euo pipefail
 
 src=$(cd "${1:?usage: compose_test.sh SRC}" && pwd)
 STEPS=${STEPS:-20}
-KILL_STEPS=${KILL_STEPS:-150}
+KILL_STEPS=${KILL_STEPS:-60}
+CKPT_STEPS=${CKPT_STEPS:-10}   # the shards' checkpoint_steps in run 2
 DIM=${DIM:-32}
 WAIT_S=${WAIT_S:-300}   # the most one training run may take
 project=giftd-test      # fixed: a run killed before its trap is cleaned up by the next
@@ -221,7 +222,7 @@ gone 1
 
 # --- run 2: kill shard 0 mid-run and restart it ------------------------------------
 t=$SECONDS
-export GIFT_COMPOSE_STEPS=$KILL_STEPS
+export GIFT_COMPOSE_STEPS=$KILL_STEPS GIFT_COMPOSE_CHECKPOINT_STEPS=$CKPT_STEPS
 "${compose[@]}" up -d >"$work/up2.log" 2>&1 || { cat "$work/up2.log" >&2; fail "run 2: compose up -d"; }
 s0=$(cid shard0)
 w0=$(cid worker0)
