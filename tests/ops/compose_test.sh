@@ -99,7 +99,8 @@ trap 'exit 130' INT TERM
 
 # --- dockerd ------------------------------------------------------------------
 net_state() {
-    { iptables -S 2>/dev/null; iptables -t nat -S 2>/dev/null; cat /proc/sys/net/ipv4/ip_forward; } | sort
+    { iptables -S 2>/dev/null || true; iptables -t nat -S 2>/dev/null || true
+      cat /proc/sys/net/ipv4/ip_forward; } | sort
 }
 # Docker's bridges: docker0 and br-<network id>.
 docker_bridges() { ip -o link show type bridge 2>/dev/null | awk -F': ' '$2 ~ /^(docker0|br-[0-9a-f]{12})/ { print $2 }' | sort; }
@@ -119,8 +120,8 @@ if ! docker info >/dev/null 2>&1; then
     done
     if ! docker info >/dev/null 2>&1; then
         tail -n 10 "$work/dockerd.log" >&2
-        kill -TERM "$dockerd_pid" 2>/dev/null
-        wait "$dockerd_pid" 2>/dev/null
+        kill -TERM "$dockerd_pid" 2>/dev/null || true
+        wait "$dockerd_pid" 2>/dev/null || true
         dockerd_pid=
         skip "dockerd --iptables=false --ip-forward=false --bridge=none cannot start here (its log above)"
     fi
@@ -147,12 +148,12 @@ say "images: giftd:latest $(size giftd:latest), giftd-worker:latest $(size giftd
 
 # Each image: user giftd, both programs, no compiler (no network needed).
 for img in giftd:latest giftd-worker:latest; do
-    run=(docker run --rm --network none)
-    u=$("${run[@]}" --entrypoint id "$img" -u)
+    drun=(docker run --rm --network none)
+    u=$("${drun[@]}" --entrypoint id "$img" -u)
     [[ $u == 10001 ]] || fail "$img runs as uid $u, not 10001"
-    "${run[@]}" --entrypoint giftd "$img" --help >/dev/null || fail "giftd --help in $img"
-    "${run[@]}" --entrypoint giftctl "$img" --help >/dev/null || fail "giftctl --help in $img"
-    if "${run[@]}" --entrypoint sh "$img" -c 'command -v cc || command -v gcc || command -v cmake'; then
+    "${drun[@]}" --entrypoint giftd "$img" --help >/dev/null || fail "giftd --help in $img"
+    "${drun[@]}" --entrypoint giftctl "$img" --help >/dev/null || fail "giftctl --help in $img"
+    if "${drun[@]}" --entrypoint sh "$img" -c 'command -v cc || command -v gcc || command -v cmake'; then
         fail "$img holds a compiler"
     fi
 done
@@ -169,8 +170,10 @@ else   # a member of group docker: let a container give it to uid 10001
 fi
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export COMPOSE_PROJECT_NAME=$project GIFT_COMPOSE_KEY=$key GIFT_COMPOSE_DIM=$DIM
-export GIFT_COMPOSE_METRICS0=$(free_port) GIFT_COMPOSE_METRICS1=$(free_port)
+GIFT_COMPOSE_METRICS0=$(free_port)
+GIFT_COMPOSE_METRICS1=$(free_port)
 [[ $GIFT_COMPOSE_METRICS0 != "$GIFT_COMPOSE_METRICS1" ]] || GIFT_COMPOSE_METRICS1=$(free_port)
+export GIFT_COMPOSE_METRICS0 GIFT_COMPOSE_METRICS1
 cd "$src/docker"
 down   # a killed earlier run's
 [[ -z $(leftovers) ]] || fail "leftovers of an earlier run that compose down cannot remove: $(leftovers | tr '\n' ' ')"
