@@ -11,6 +11,7 @@ PKGS=(
   python3-torch python3-numpy python3-pytest python3-matplotlib
   python3-venv python3-pip python3-setuptools python3-wheel
   python3-jsonschema python3-yaml scdoc iproute2 systemd
+  docker.io docker-compose debootstrap
 )
 
 missing=()
