@@ -606,7 +606,7 @@ static int fetch_stats(const endpoint_t *e, uint32_t world, const gift_auth_key_
     }
     if (challenged) {
         const Gift__HelloAck *ack = f.env->hello_ack;
-        gift_auth_ack_mac(key, snonce, cnonce, mac, want);
+        gift_auth_ack_mac(key, hello.rank, snonce, cnonce, mac, want);
         if (gift_auth_verify(ack->auth_mac.data, ack->auth_mac.len, want) < 0) {
             snprintf(err, errlen, "the shard did not prove that it holds the key");
             goto out;

@@ -263,7 +263,7 @@ static inline void raw_hello_auth(raw_t *c, const gift_auth_key_t *key, uint32_t
     raw_hello_mac(key, sn, rank, world, cn, mac);
     raw_send_hello(c, rank, world, cn, mac);
     f = raw_expect(c, GIFT__ENVELOPE__MSG_HELLO_ACK, "authenticated hello");
-    gift_auth_ack_mac(key, sn, cn, mac, want);
+    gift_auth_ack_mac(key, rank, sn, cn, mac, want);
     ck_assert_msg(gift_auth_verify(f->env->hello_ack->auth_mac.data,
                                    f->env->hello_ack->auth_mac.len, want) == 0,
                   "the HelloAck's MAC (%zu bytes) does not prove the key",
