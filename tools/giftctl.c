@@ -552,7 +552,7 @@ static int fetch_stats(const endpoint_t *e, uint32_t world, const gift_auth_key_
         goto out;
     }
     hello.protocol_version = GIFT_PROTOCOL_VERSION;
-    hello.rank = 0;
+    hello.rank = key != NULL && key->rank_bound ? key->rank : 0; /* a rank key speaks for its rank */
     hello.world_size = world;
     hello.client_name = "giftctl";
     if (key != NULL) {
@@ -866,6 +866,7 @@ static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
 static void usage(FILE *f)
 {
     fprintf(f, "Usage: giftctl [OPTION...] ping|status|stats\n"
+               "       giftctl --auth-key-file SECRET rank-key RANK > rank.key\n"
                "\n"
                "Asks running giftd shards how they are.\n"
                "\n"
@@ -877,6 +878,9 @@ static void usage(FILE *f)
                "           boundary-hit rate of the pull codec\n"
                "  stats    per shard: frames, bytes, pushes, pulls, finished steps,\n"
                "           connections\n"
+               "  rank-key RANK  prints the key file of one rank, derived from the shared\n"
+               "           secret: give each worker only its own (GIFT_AUTH_KEY_FILE), and\n"
+               "           it cannot authenticate as another rank\n"
                "\n"
                "Options:\n"
                "  -s, --servers LIST  host:port,... of the shards' protocol ports\n"
@@ -958,6 +962,33 @@ int main(int argc, char **argv)
             usage(stderr);
             return EXIT_USAGE;
         }
+    }
+    if (optind == argc - 2 && strcmp(argv[optind], "rank-key") == 0) {
+        char err[512], warn[512], text[160];
+        long r = strtol(argv[optind + 1], &end, 10);
+        if (*end || r < 0 || r > 65535) {
+            fprintf(stderr, "giftctl: rank-key wants a rank 0..65535, got \"%s\"\n",
+                    argv[optind + 1]);
+            return EXIT_USAGE;
+        }
+        if (o.auth_key_file == NULL)
+            o.auth_key_file = getenv("GIFT_AUTH_KEY_FILE");
+        if (o.auth_key_file == NULL ||
+            gift_auth_key_load(o.auth_key_file, &key, err, sizeof err, warn, sizeof warn) < 0) {
+            fprintf(stderr, "giftctl: rank-key: %s\n",
+                    o.auth_key_file ? err : "needs the shared secret (--auth-key-file)");
+            return EXIT_USAGE;
+        }
+        if (key.rank_bound) {
+            fprintf(stderr, "giftctl: rank-key: %s is a rank key, not the shared secret\n",
+                    o.auth_key_file);
+            gift_auth_key_clear(&key);
+            return EXIT_USAGE;
+        }
+        gift_auth_rank_key_format(&key, (uint32_t)r, text, sizeof text);
+        gift_auth_key_clear(&key);
+        fputs(text, stdout);
+        return ferror(stdout) ? 1 : 0;
     }
     if (optind != argc - 1) {
         fprintf(stderr, "giftctl: %s\n", optind >= argc ? "no command" : "one command only");
