@@ -638,7 +638,7 @@ static void on_http_connection(uv_stream_t *l, int status)
         for (http_conn_t *x = hc->next; x != NULL; x = x->next)
             if (!x->closing && !x->answered)
                 oldest = x;
-        if (oldest == NULL || s->nhttp > 2 * s->o.http_max_connections) {
+        if (oldest == NULL) {
             http_close(hc);
             return;
         }

@@ -2071,6 +2071,20 @@ int gift_shard_peer_ready(const gift_peer_t *p)
     return p->hello;
 }
 
+/* A Declare claimed p's rank (claim_rank); a refused first Declare, which
+ * fixed nothing, gives the claim back, so that a peer whose Declares fail
+ * (or whose Hello named another world) does not keep a rank from its worker. */
+static int declare_claimed(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d)
+{
+    int first = !s->declared;
+    int rc = handle_declare(s, p, d);
+    if (first && !s->declared && p->claimed && s->by_rank[p->rank] == p) {
+        s->by_rank[p->rank] = NULL;
+        p->claimed = 0;
+    }
+    return rc;
+}
+
 int gift_shard_peer_claimed(const gift_peer_t *p)
 {
     return p->claimed;
@@ -2140,7 +2154,7 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
     }
     switch (env->msg_case) {
     case GIFT__ENVELOPE__MSG_DECLARE:
-        return handle_declare(s, p, env->declare);
+        return declare_claimed(s, p, env->declare);
     case GIFT__ENVELOPE__MSG_PUSH:
         return handle_push(s, p, env->push, f);
     case GIFT__ENVELOPE__MSG_PULL:
