@@ -168,21 +168,20 @@ static void expect_push_ack(raw_t *c, int dup, const char *what)
                   f->env->push_ack->duplicate, dup);
 }
 
-/* The next frame is Error{code, fatal}; the close after a fatal one is
- * left to the caller. */
-static void raw_expect_error_nofin(raw_t *c, int code, int fatal, const char *what)
+/* Sends the preamble and header of env announcing payload_len bytes (the
+ * payload, if any, is the caller's). */
+static void send_head(raw_t *c, const Gift__Envelope *env, uint64_t payload_len)
 {
-    int rc = raw_recv(c);
-    ck_assert_msg(rc == 1 && c->f.env->msg_case == GIFT__ENVELOPE__MSG_ERROR &&
-                      c->f.env->error->code == code && c->f.env->error->fatal == (fatal != 0),
-                  "%s: expected error %d (%s)%s, got %s", what, code, gift_strerror(code),
-                  fatal ? " fatal" : "", raw_desc(c, rc));
+    uint8_t head[256];
+    long n = gift_frame_pack_head(env, payload_len, head, sizeof head);
+    ck_assert_msg(n > 0, "pack %s: %ld", gift_msg_name(env), n);
+    ck_assert_msg(raw_send_bytes(c, head, (size_t)n) == 0, "send %s", gift_msg_name(env));
 }
 
 /* The next frame is Error{code, fatal} whose text holds needle. */
 static void expect_error_text(raw_t *c, int code, int fatal, const char *needle, const char *what)
 {
-    raw_expect_error_nofin(c, code, fatal, what);
+    raw_expect_error_frame(c, code, fatal, what);
     ck_assert_msg(needle == NULL || strstr(c->f.env->error->text, needle) != NULL,
                   "%s: error text \"%s\" lacks \"%s\"", what, c->f.env->error->text, needle);
     if (fatal)
@@ -310,7 +309,7 @@ START_TEST(test_hostile_wrap)
 
     /* Boundary values on rank 0's own connection: each refused, nothing kept. */
     send_push(&p.w[0], 0, 0, UINT64_MAX, 0, x, N);
-    raw_expect_error_nofin(&p.w[0], GIFT_ESTEP, 0, "push for step 2^64-1");
+    raw_expect_error_frame(&p.w[0], GIFT_ESTEP, 0, "push for step 2^64-1");
     ck_assert_msg(strstr(p.w[0].f.env->error->text, "..0)") == NULL &&
                       strstr(p.w[0].f.env->error->text, "18446744073709551615..") == NULL,
                   "step error text \"%s\"", p.w[0].f.env->error->text);
@@ -446,13 +445,10 @@ START_TEST(test_hostile_slots)
     {
         Gift__Envelope env = GIFT__ENVELOPE__INIT;
         Gift__Push m = GIFT__PUSH__INIT;
-        uint8_t head[256];
-        long n;
         m.key = 0;
         env.msg_case = GIFT__ENVELOPE__MSG_PUSH;
         env.push = &m;
-        n = gift_frame_pack_head(&env, 1u << 20, head, sizeof head);
-        ck_assert(n > 0 && raw_send_bytes(&a, head, (size_t)n) == 0);
+        send_head(&a, &env, 1u << 20);
         ck_assert(raw_send_bytes(&a, x, sizeof x) == 0);
     }
     expect_error_text(&a, GIFT_EBUSY, 1, "rank 0 is already connected",
@@ -490,6 +486,7 @@ START_TEST(test_hostile_slots)
         env.stats_request = &m;
         n = gift_frame_pack_head(&env, 0, head, sizeof head);
         ck_assert(n > 0);
+        /* A short send timeout: the sends stop once giftd stops reading. */
         setsockopt(a.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         while (sent < 20000 && raw_send_bytes(&a, head, (size_t)n) == 0)
             sent++;

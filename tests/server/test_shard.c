@@ -1414,6 +1414,71 @@ START_TEST(test_declare_chunk_id_bounds)
 }
 END_TEST
 
+/* max_memory: a Declare needing more is refused before anything is
+ * allocated, naming the figure; a small one is taken and its bytes counted. */
+START_TEST(test_declare_memory_budget)
+{
+    static const tdesc_t big[1] = {{0, "big", 1024, 1024, F32, 0, F32, 0, 0, 0, 0, 0, 0}};
+    static const cdesc_t bigc[1] = {{0, 0, 0, 1024}};
+    gift_shard_opts_t o = O;
+    const Gift__Error *e;
+    o.max_memory = 1u << 20;
+    reopen(&o);
+    hello_all();
+    ck_assert_int_eq(declare_raw(&P[0], big, 1, bigc, 1, 0, 0), 0);
+    e = expect_error_at(&P[0], GIFT_ENOMEM, 0, __LINE__);
+    ck_assert_msg(strstr(e->text, "max_memory is 1048576 bytes") != NULL &&
+                      strstr(e->text, "--max-memory") != NULL,
+                  "budget error text: %s", e->text);
+    ck_assert_msg(gift_shard_tensor_count(S) == 0 && gift_shard_world_size(S) == 0 &&
+                      gift_shard_memory_committed(S) == 0,
+                  "a refused declare kept %zu tensors, world %u, %" PRIu64 " bytes",
+                  gift_shard_tensor_count(S), gift_shard_world_size(S),
+                  gift_shard_memory_committed(S));
+    DECLARE_OK(&P[0], STD_T, STD_NT, STD_C, STD_NC);
+    ck_assert_msg(gift_shard_memory_committed(S) > 0 &&
+                      gift_shard_memory_committed(S) <= o.max_memory,
+                  "committed %" PRIu64 " bytes", gift_shard_memory_committed(S));
+    EXPECT_ERRORS(1, GIFT_ENOMEM, 1);
+}
+END_TEST
+
+/* One connection may park at most max_parked_per_peer pulls; others still park. */
+START_TEST(test_park_share)
+{
+    gift_shard_opts_t o = O;
+    float x[7 * 13] = {0};
+    o.max_parked_per_peer = 3;
+    reopen(&o);
+    fx_std_declare();
+    push_ok_at(&P[1], 0, 0, 0, 0, x, 0, __LINE__);
+    for (int i = 0; i < 3; i++)
+        PULL(&P[0], 0, 0, 0);
+    PULL_ERR(&P[0], 0, 0, 0, GIFT_EBUSY);
+    PULL(&P[2], 0, 0, 0);
+    EXPECT_QUIET(&P[2]);
+    EXPECT_ERRORS(1, GIFT_EBUSY, 1);
+}
+END_TEST
+
+/* One live connection per rank (no authentication): a second connection
+ * acting as rank 1 is refused; once the first is gone, it may. */
+START_TEST(test_rank_one_connection)
+{
+    float x[7 * 13] = {0};
+    int rc;
+    HELLO(&P[4], 1, W);
+    rc = push_x(&P[4], 0, 0, 0, 0, x);
+    ck_assert_msg(rc == GIFT_EBUSY, "push from a second connection of rank 1: rc %d", rc);
+    EXPECT_ERROR(&P[4], GIFT_EBUSY, 1);
+    push_ok_at(&P[1], 0, 0, 0, 0, x, 0, __LINE__);
+    peer_gone(&P[1]);
+    HELLO(&P[5], 1, W);
+    push_ok_at(&P[5], 0, 0, 0, 0, x, 1, __LINE__); /* a replay: acknowledged, ignored */
+    EXPECT_ERRORS(1, GIFT_EBUSY, 1);
+}
+END_TEST
+
 START_TEST(test_before_declare)
 {
     float x[7 * 13] = {0};
@@ -3696,6 +3761,7 @@ static Suite *shard_suite(void)
     tcase_add_test(declare, test_declare_differs);
     tcase_add_test(declare, test_declare_invalid);
     tcase_add_test(declare, test_declare_chunk_id_bounds);
+    tcase_add_test(declare, test_declare_memory_budget);
     tcase_add_test(declare, test_before_declare);
     suite_add_tcase(s, declare);
 
@@ -3704,6 +3770,8 @@ static Suite *shard_suite(void)
     tcase_add_test(sync, test_sync_all_orders);
     tcase_add_test(sync, test_reply_buffer_reuse);
     tcase_add_test(sync, test_duplicates);
+    tcase_add_test(sync, test_park_share);
+    tcase_add_test(sync, test_rank_one_connection);
     tcase_add_test(sync, test_step_window);
     tcase_add_test(sync, test_pipelining);
     tcase_add_test(sync, test_stall);
