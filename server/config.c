@@ -134,8 +134,8 @@ static const gift_config_option_t options[] = {
     {.name = "max_buffer_bytes", .type = GIFT_CONFIG_SIZE, .where = GIFT_CONFIG_IN_ALL,
      FIELD(max_buffer_bytes), .min = MIB, .max = INT64_MAX, .defval = "1G", .metavar = "SIZE",
      .help = "Bytes held for all connections together in partial frames and in\n"
-             "replies not yet sent. Past it, a connection that is not a worker's is\n"
-             "closed and a worker's is not read until the bytes drain."},
+             "replies not yet sent. Past it, connections that are not a worker's are\n"
+             "closed (a worker's holds at most one frame and write_queue_bytes)."},
     {.name = "handshake_timeout", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
      FIELD(handshake_timeout), .min = 1, .max = 3600, .defval = "10", .metavar = "SECONDS",
      .help = "A connection must complete its Hello (and authentication) this soon."},

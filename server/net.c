@@ -74,7 +74,6 @@ typedef struct conn {
     uint64_t t_read;   /* uv_now at the last bytes read */
     uint64_t t_frame;  /* uv_now when the frame being read began (0: none) */
     uint64_t held_in;  /* bytes of the frame being read, counted in srv->held_in */
-    int paused;        /* not read while srv->held_* are above max_buffer_bytes */
     int expired;       /* refused for a timeout; closing */
     int rcvlowat;      /* SO_RCVLOWAT set last (gift_sock_rcvlowat), 0: none */
     struct conn *next, *prev;
@@ -246,7 +245,7 @@ static void on_write(uv_write_t *req, int status)
             conn_close(c);
         return;
     }
-    if (!c->reading && !c->paused && !c->srv->draining &&
+    if (!c->reading && !c->srv->draining &&
         queued_bytes(c) <= queue_limit(c) / 2)
         start_reading(c);
 }
@@ -358,8 +357,10 @@ static const char *stream_error_text(int rc)
  * makes the peer claim its rank before the payload is buffered (only a
  * rank's connection pushes); its size counts in held_in; the time of its
  * first byte is kept for read_timeout. Past max_buffer_bytes a connection
- * that is not a rank's is closed, a rank's is paused. Returns 0, or -1 when
- * the connection is being closed. */
+ * that is not a rank's is closed. A rank's is not paused for it: it holds
+ * at most one partial frame and write_queue_bytes of output, and pausing it
+ * inside a frame could stall every rank for good. Returns 0, or -1 when the
+ * connection is being closed. */
 static int conn_account(conn_t *c)
 {
     gift_server_t *s = c->srv;
@@ -378,19 +379,15 @@ static int conn_account(conn_t *c)
         return -1;
     s->held_in = s->held_in - c->held_in + total;
     c->held_in = total;
-    if (over_budget(s)) {
+    if (over_budget(s) && !gift_shard_peer_claimed(c->peer)) {
         char text[256];
-        if (!gift_shard_peer_claimed(c->peer)) {
-            snprintf(text, sizeof text,
-                     "the shard holds %llu bytes of partial frames and unsent replies "
-                     "(max_buffer_bytes %llu)",
-                     (unsigned long long)(s->held_in + s->held_out),
-                     (unsigned long long)s->o.max_buffer_bytes);
-            gift_shard_reject(s->shard, c->peer, GIFT_EBUSY, text);
-            return -1;
-        }
-        stop_reading(c);
-        c->paused = 1;
+        snprintf(text, sizeof text,
+                 "the shard holds %llu bytes of partial frames and unsent replies "
+                 "(max_buffer_bytes %llu)",
+                 (unsigned long long)(s->held_in + s->held_out),
+                 (unsigned long long)s->o.max_buffer_bytes);
+        gift_shard_reject(s->shard, c->peer, GIFT_EBUSY, text);
+        return -1;
     }
     return 0;
 }
@@ -693,6 +690,25 @@ static void on_flush(uv_check_t *h)
     gift_shard_flush(s->shard);
 }
 
+/* Past max_buffer_bytes: closes the connection that is not a rank's with
+ * the most queued output (one that asks and never reads). */
+static void shed_largest(gift_server_t *s)
+{
+    conn_t *big = NULL;
+    char text[256];
+    for (conn_t *c = s->conns; c != NULL; c = c->next)
+        if (!c->closing && c->peer != NULL && !gift_shard_peer_claimed(c->peer) &&
+            (big == NULL || queued_bytes(c) > queued_bytes(big)))
+            big = c;
+    if (big == NULL || queued_bytes(big) == 0)
+        return;
+    snprintf(text, sizeof text, "the shard holds %llu bytes of partial frames and unsent replies "
+             "(max_buffer_bytes %llu); this connection's %llu are the most",
+             (unsigned long long)(s->held_in + s->held_out),
+             (unsigned long long)s->o.max_buffer_bytes, (unsigned long long)queued_bytes(big));
+    gift_shard_reject(s->shard, big->peer, GIFT_EBUSY, text);
+}
+
 /* The time limits of one connection, once a second (the rules above http_conn_t). */
 static void conn_check_time(gift_server_t *s, conn_t *c, uint64_t now)
 {
@@ -729,15 +745,8 @@ static void on_tick(uv_timer_t *t)
     gift_shard_tick(s->shard);
     for (conn_t *c = s->conns; c != NULL; c = c->next)
         conn_check_time(s, c, now);
-    if (!over_budget(s)) {
-        /* Below max_buffer_bytes again: read the ranks paused for it. */
-        for (conn_t *c = s->conns; c != NULL; c = c->next)
-            if (c->paused && !c->closing) {
-                c->paused = 0;
-                if (queued_bytes(c) <= queue_limit(c) / 2)
-                    start_reading(c);
-            }
-    }
+    if (over_budget(s))
+        shed_largest(s);
 }
 
 static void exit_now(int signum)

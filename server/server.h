@@ -29,8 +29,8 @@ typedef struct gift_server_opts {
      * not a rank's (gift_shard_peer_claimed) and sends nothing [300]. */
     uint32_t handshake_timeout_s, read_timeout_s, idle_timeout_s;
     /* Bytes held for all connections together in partial frames and in
-     * queued output [0: 1 GiB]. Past it a connection that is not a rank's
-     * is closed and a rank's is not read until it drains. */
+     * queued output [0: 1 GiB]. Past it connections that are not a rank's
+     * are closed (the one adding to it, or the one with the most queued). */
     uint64_t max_buffer_bytes;
     /* The HTTP listener: connections at once [16] (past it the oldest one
      * still waiting for its request is closed) and the time a connection
