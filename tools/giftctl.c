@@ -11,9 +11,10 @@
  *
  * status and stats speak the worker protocol (proto/gift.proto): a Hello
  * named "giftctl", then a StatsRequest. A Hello must carry the cluster's
- * world size, which a tool does not know, and the first Hello a shard
- * sees fixes it; so giftctl reads it from the shard's /metrics
- * (giftd_world_size) first, and says hello only once a worker has. --world
+ * world size, which a tool does not know (a Hello no longer fixes it, but
+ * one of another world size than the shard's is refused); so giftctl reads
+ * it from the shard's /metrics (giftd_world_size) first, and says hello
+ * only once a worker has declared. --world
  * (or $GIFT_WORLD / $WORLD_SIZE when HTTP is off) overrides. The codec and
  * boundary-hit rate come from the Stats message when the shard fills them,
  * else from /metrics. A shard with an auth_key_file challenges the Hello;

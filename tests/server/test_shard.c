@@ -2869,8 +2869,8 @@ START_TEST(test_bug_refused_first_push_sets_base)
 }
 END_TEST
 
-/* A Hello that is refused must not fix the world size of a shard that takes
- * it from the first Hello. */
+/* A Hello that is refused must not fix the world size (no Hello does now:
+ * the first Declare does). */
 START_TEST(test_bug_refused_hello_sets_world)
 {
     int rc = hello_raw(&P[0], GIFT_PROTOCOL_VERSION, 9, 8, NULL, 0); /* rank 9 of 8 */
