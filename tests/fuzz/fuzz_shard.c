@@ -30,7 +30,8 @@
  *                   then the step (sel & 64: u64, else u8), the epoch (sel &
  *                   32: u32, else 0), for a push u8 fill byte.
  * The shard takes its world size from the first Declare and has small limits
- * (64 KiB frames, 8 parked pulls, 1 s stall warning, 2 s stall timeout).
+ * (64 KiB frames, 8 parked pulls, 64 MiB max_memory, 1 s stall warning, 2 s
+ * stall timeout).
  *
  * The fake io checks what the shard sends (a well-formed preamble and an
  * Envelope that unpacks, a payload slice inside its buffer), that nothing is
@@ -356,6 +357,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     o.world_size = 0;
     o.max_frame_bytes = 64 * 1024;
     o.max_parked = 8;
+    /* A small budget: a Declare of a large world (ordered aggregation keeps
+     * world pushes per chunk) is refused fast instead of committing GiBs. */
+    o.max_memory = 64ull << 20;
     o.hits_every = 1;
     o.stall_warn_s = 1;
     o.stall_timeout_s = 2;
