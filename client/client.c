@@ -500,6 +500,11 @@ int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
         }
         if (warn[0])
             fprintf(stderr, "giftclient: warning: %s\n", warn);
+        if (c->auth->rank_bound && c->auth->rank != (uint32_t)c->rank) {
+            fprintf(stderr, "giftclient: auth key file %s is rank %u's key; this worker is rank "
+                    "%d\n", v, c->auth->rank, c->rank);
+            goto fail;
+        }
     }
     rc = GIFT_ENOMEM;
     if ((c->conns = calloc(c->nshards, sizeof *c->conns)) == NULL)

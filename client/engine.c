@@ -1069,7 +1069,7 @@ static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *
         /* The shard must prove the key too, or it gets no gradients. */
         uint8_t want[GIFT_AUTH_MAC_BYTES] = {0};
         if (cn->challenged)
-            gift_auth_ack_mac(c->auth, cn->snonce, cn->cnonce, cn->hello_mac, want);
+            gift_auth_ack_mac(c->auth, (uint32_t)c->rank, cn->snonce, cn->cnonce, cn->hello_mac, want);
         if (!cn->challenged || gift_auth_verify(a->auth_mac.data, a->auth_mac.len, want) < 0) {
             fprintf(stderr, "giftclient: shard %u %s; refusing it\n", shard,
                     cn->challenged ? "failed to prove the shared key"

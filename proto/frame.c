@@ -260,8 +260,12 @@ static int reader_head(gift_reader_t *r)
         rc = GIFT_EHDRSIZE;
         goto fail;
     }
-    if (plen > r->max_frame || (plen > 0 && r->frames < r->handshake)) {
+    if (plen > r->max_frame) {
         rc = GIFT_EFRAMESIZE;
+        goto fail;
+    }
+    if (plen > 0 && r->frames < r->handshake) {
+        rc = GIFT_EPROTO; /* a payload where the handshake allows none */
         goto fail;
     }
     r->head_total = GIFT_PREAMBLE_BYTES + (size_t)hlen + (size_t)plen;

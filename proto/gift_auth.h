@@ -9,10 +9,15 @@
  *   client -> Hello{client_nonce, auth_mac = gift_auth_hello_mac(...)}
  *   shard  -> HelloAck{auth_mac = gift_auth_ack_mac(...)}   or Error GIFT_EAUTH, closed
  *
- * Both MACs are HMAC-SHA256 under the shared key over a labelled transcript,
- * so the shard knows the worker holds the key (and which rank, world size and
- * digest it signed), and the worker knows the shard holds it too. MACs are
- * compared in constant time. Nothing here logs or prints key material.
+ * Both MACs are HMAC-SHA256 over a labelled transcript under the key of the
+ * rank the Hello names, K_rank = HMAC-SHA256(secret, "giftd-auth-v2 rank" ||
+ * le32 rank), never under the shared secret itself: the shard (which holds
+ * the secret) knows the worker holds rank's key, for this connection's
+ * nonces, and which world size and digest it signed; the worker knows the
+ * shard holds it too. A worker may be given only its own rank's key (a rank
+ * key file, gift_auth_rank_key_format), so that it cannot speak for another
+ * rank; a worker given the secret derives its key. MACs are compared in
+ * constant time. Nothing here logs or prints key material.
  */
 #ifndef GIFT_AUTH_H
 #define GIFT_AUTH_H
@@ -30,17 +35,24 @@ extern "C" {
 #define GIFT_AUTH_MAC_BYTES 32
 #define GIFT_AUTH_KEY_MIN 16 /* bytes of secret, after trailing whitespace is dropped */
 #define GIFT_AUTH_KEY_MAX 4096
-#define GIFT_AUTH_VERSION 1 /* the transcript below; AuthChallenge.version */
+#define GIFT_AUTH_VERSION 2 /* the transcript below; AuthChallenge.version */
+#define GIFT_AUTH_RANK_KEY_BYTES 32
+/* First word of a rank key file: "giftd-rank-key-v2 RANK HEX" (64 hex digits). */
+#define GIFT_AUTH_RANK_KEY_TAG "giftd-rank-key-v2"
 
-/* A loaded key. Clear it with gift_auth_key_clear when done. */
+/* A loaded key: the shared secret, or one rank's key (rank_bound). Clear it
+ * with gift_auth_key_clear when done. */
 typedef struct gift_auth_key {
     size_t len;
     uint8_t bytes[GIFT_AUTH_KEY_MAX];
+    int rank_bound; /* bytes are K_rank of rank, not the shared secret */
+    uint32_t rank;
 } gift_auth_key_t;
 
 /* Reads the shared secret from path: the file's bytes with trailing
  * whitespace (spaces, tabs, CR, LF) removed, between GIFT_AUTH_KEY_MIN and
- * GIFT_AUTH_KEY_MAX bytes. The file must be a regular file that others
+ * GIFT_AUTH_KEY_MAX bytes; or, when the file starts with
+ * GIFT_AUTH_RANK_KEY_TAG, one rank's key (key->rank_bound set). The file must be a regular file that others
  * (neither owner nor group) can neither read nor write; a group-readable
  * file is accepted with a warning sentence in warn (warn[0] == 0 when none).
  * Returns 0, or GIFT_ECONFIG with a sentence in err (missing, unreadable,
@@ -56,15 +68,25 @@ void gift_auth_key_clear(gift_auth_key_t *key);
  * Returns 0, or GIFT_EIO when libsodium cannot be initialised. */
 int gift_auth_nonce(uint8_t *out);
 
-/* The worker's proof: HMAC-SHA256(key, "giftd-auth-v1 hello" || server_nonce
- * || h->client_nonce || le32 protocol_version || le32 rank || le32
- * world_size || le32 len(cluster_digest) || cluster_digest). */
+/* Derives rank's key from the shared secret into out (rank_bound set).
+ * A rank-bound secret gives itself when its rank is rank; another rank's
+ * key cannot be derived from it (out is then a key no shard accepts). */
+void gift_auth_rank_key(const gift_auth_key_t *secret, uint32_t rank, gift_auth_key_t *out);
+
+/* Writes rank's key file text ("giftd-rank-key-v2 RANK HEX\n") into buf.
+ * Returns 0, or GIFT_ENOSPC when cap is below 128 bytes. */
+int gift_auth_rank_key_format(const gift_auth_key_t *secret, uint32_t rank, char *buf, size_t cap);
+
+/* The worker's proof: HMAC-SHA256(K_rank, "giftd-auth-v2 hello" ||
+ * server_nonce || h->client_nonce || le32 protocol_version || le32 rank ||
+ * le32 world_size || le32 len(cluster_digest) || cluster_digest), with rank
+ * = h->rank and K_rank from key (gift_auth_rank_key). */
 void gift_auth_hello_mac(const gift_auth_key_t *key, const uint8_t *server_nonce,
                          const Gift__Hello *h, uint8_t out[GIFT_AUTH_MAC_BYTES]);
 
-/* The shard's proof: HMAC-SHA256(key, "giftd-auth-v1 ack" || server_nonce ||
- * client_nonce || hello_mac). */
-void gift_auth_ack_mac(const gift_auth_key_t *key, const uint8_t *server_nonce,
+/* The shard's proof: HMAC-SHA256(K_rank, "giftd-auth-v2 ack" || server_nonce
+ * || client_nonce || hello_mac). */
+void gift_auth_ack_mac(const gift_auth_key_t *key, uint32_t rank, const uint8_t *server_nonce,
                        const uint8_t *client_nonce, const uint8_t *hello_mac,
                        uint8_t out[GIFT_AUTH_MAC_BYTES]);
 

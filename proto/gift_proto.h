@@ -39,7 +39,7 @@ typedef struct gift_limits {
      * HelloAck, the second Hello of authentication) is payload-free, so a
      * server that reads with 2 here (1 without authentication) cannot be made
      * to buffer a payload by a peer that has not authenticated: a preamble
-     * announcing one is refused with GIFT_EFRAMESIZE before anything of it is
+     * announcing one is refused with GIFT_EPROTO before anything of it is
      * buffered. */
     uint32_t handshake_frames;
 } gift_limits_t;
@@ -76,7 +76,8 @@ int gift_reader_feed(gift_reader_t *r, const void *buf, size_t len);
 
 /* Takes the next complete frame. Returns 1 and fills *f when a frame is
  * ready; 0 when more bytes are needed; a negative code when the stream is
- * broken: GIFT_EBADMAGIC, GIFT_EHDRSIZE, GIFT_EFRAMESIZE, GIFT_EBADHEADER.
+ * broken: GIFT_EBADMAGIC, GIFT_EHDRSIZE, GIFT_EFRAMESIZE, GIFT_EBADHEADER,
+ * GIFT_EPROTO (a payload in a handshake frame).
  * Errors are sticky: after one, every call returns it again. GIFT_ENOMEM
  * (header unpacking ran out of memory) is not: the frame stays buffered. */
 int gift_reader_next(gift_reader_t *r, gift_frame_t *f);

@@ -77,8 +77,11 @@ static const gift_config_option_t options[] = {
      .min = 1, .max = 65536, .defval = "1", .metavar = "N",
      .help = "Number of shards in the cluster."},
     {.name = "world_size", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL, FIELD(world_size),
-     .min = 0, .max = 1048576, .defval = "0", .metavar = "N",
-     .help = "Number of workers. 0 takes it from the first Hello."},
+     .min = 0, .max = 65536, .defval = "0", .metavar = "N",
+     .help = "Number of workers. 0: the world size of the worker whose Declare first\n"
+             "builds this shard's tensors (a Hello alone never sets it; with\n"
+             "auth_key_file set, that Hello is authenticated). Set it on networks where\n"
+             "other peers can reach giftd."},
 
     /* Storage. */
     {.name = "data_dir", .type = GIFT_CONFIG_STRING, .where = GIFT_CONFIG_IN_ALL,
@@ -112,6 +115,48 @@ static const gift_config_option_t options[] = {
     {.name = "max_parked", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
      FIELD(max_parked), .min = 1, .max = 16777216, .defval = "65536", .metavar = "N",
      .help = "Most pulls waiting for their step, per shard; further ones are refused."},
+    {.name = "max_parked_per_peer", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(max_parked_per_peer), .min = 0, .max = 16777216, .defval = "0", .metavar = "N",
+     .help = "Most pulls one connection may have waiting, so that one client cannot\n"
+             "take every max_parked entry. 0: twice the chunks on this shard plus 64\n"
+             "(what one worker can need)."},
+    {.name = "max_memory", .type = GIFT_CONFIG_SIZE, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(max_memory), .min = 0, .max = INT64_MAX, .defval = "0", .metavar = "SIZE",
+     .help = "Bytes the declared tensors may take on this shard (accumulators, reply\n"
+             "buffers, kept pushes, residuals, geometry). A Declare that needs more\n"
+             "is refused, naming the figure, before anything is allocated. 0: three\n"
+             "quarters of the machine's physical memory."},
+    {.name = "max_step_ahead", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(max_step_ahead), .min = 1, .max = INT_MAX, .defval = "1000000", .metavar = "N",
+     .help = "How many steps past the newest step of this shard the first push of a\n"
+             "chunk may be (it fixes the chunk's step window; later pushes may only be\n"
+             "one step ahead). A run that resumes further out on a fresh shard needs\n"
+             "more."},
+    {.name = "max_buffer_bytes", .type = GIFT_CONFIG_SIZE, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(max_buffer_bytes), .min = MIB, .max = INT64_MAX, .defval = "1G", .metavar = "SIZE",
+     .help = "Bytes held for all connections together in partial frames and in\n"
+             "replies not yet sent. Past it, connections that are not a worker's are\n"
+             "closed (a worker's holds at most one frame and write_queue_bytes)."},
+    {.name = "handshake_timeout", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(handshake_timeout), .min = 1, .max = 3600, .defval = "10", .metavar = "SECONDS",
+     .help = "A connection must complete its Hello (and authentication) this soon."},
+    {.name = "read_timeout", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(read_timeout), .min = 1, .max = 86400, .defval = "60", .metavar = "SECONDS",
+     .help = "A frame must arrive whole this soon after its first byte, or the\n"
+             "connection is closed (a trickling writer cannot hold it)."},
+    {.name = "idle_timeout", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(idle_timeout), .min = 1, .max = 604800, .defval = "300", .metavar = "SECONDS",
+     .help = "A connection that is not a worker's (one that never declared, pushed or\n"
+             "pulled) is closed after this long without a byte. A worker's is not:\n"
+             "there is one per rank, and a new connection past max_connections closes\n"
+             "the oldest connection that is not a worker's, so workers always get in."},
+    {.name = "http_max_connections", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(http_max_connections), .min = 1, .max = 4096, .defval = "16", .metavar = "N",
+     .help = "HTTP connections at once. Past it, the oldest one that has not sent its\n"
+             "request is closed, so idle connections cannot make /livez fail."},
+    {.name = "http_timeout", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(http_timeout), .min = 1, .max = 3600, .defval = "2", .metavar = "SECONDS",
+     .help = "An HTTP connection must send its request this soon."},
 
     /* Operation. */
     {.name = "log_level", .type = GIFT_CONFIG_ENUM, .where = GIFT_CONFIG_IN_ALL,

@@ -73,7 +73,7 @@ typedef struct gift_config {
     /* Cluster. */
     int shard_id;   /* 0 .. num_shards-1 */
     int num_shards; /* shards in the cluster */
-    int world_size; /* workers; 0 = take it from the first Hello */
+    int world_size; /* workers; 0 = from the first Declare's sender */
     /* Storage. */
     char data_dir[GIFT_CONFIG_PATH_MAX];
     /* Limits. */
@@ -83,6 +83,15 @@ typedef struct gift_config {
     uint64_t write_queue_bytes; /* per connection; past it the shard stops reading it */
     uint64_t chunk_bytes;       /* the clients' chunk size, to validate declarations */
     int max_parked;             /* pulls waiting for their step, per shard */
+    int max_parked_per_peer;    /* ... per connection; 0 = 2 x chunks + 64 */
+    uint64_t max_memory;        /* bytes declared tensors may take; 0 = 3/4 of RAM */
+    int max_step_ahead;         /* a chunk's first push: steps past the shard's newest */
+    uint64_t max_buffer_bytes;  /* partial frames + queued output, all connections */
+    int handshake_timeout;      /* seconds from accept to a completed Hello */
+    int read_timeout;           /* seconds from a frame's first byte to its last */
+    int idle_timeout;           /* seconds a connection that is not a rank's may be silent */
+    int http_max_connections;   /* HTTP connections at once */
+    int http_timeout;           /* seconds an HTTP connection may take to send its request */
     /* Operation. */
     enum gift_log_level log_level;
     int stall_warn;    /* seconds before a stalled step is logged; 0 = never */

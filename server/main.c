@@ -71,6 +71,11 @@ int main(int argc, char **argv)
             GIFT_LOG_ERROR(0, "%s; refusing to start unauthenticated", err);
             return 2;
         }
+        if (auth_key.rank_bound) {
+            GIFT_LOG_ERROR(0, "auth key file %s holds rank %u's key; a shard needs the shared "
+                           "secret it was derived from", c.auth_key_file, auth_key.rank);
+            return 2;
+        }
         if (warn[0])
             GIFT_LOG_WARN(0, "%s; chmod 600 it", warn);
         GIFT_LOG_INFO(0, "authentication on: workers must prove the key of %s at Hello",
@@ -87,11 +92,20 @@ int main(int argc, char **argv)
     o.max_header_bytes = (uint32_t)c.max_header_bytes;
     o.max_frame_bytes = c.max_frame_bytes;
     o.write_queue_bytes = c.write_queue_bytes;
+    o.handshake_timeout_s = (uint32_t)c.handshake_timeout;
+    o.read_timeout_s = (uint32_t)c.read_timeout;
+    o.idle_timeout_s = (uint32_t)c.idle_timeout;
+    o.max_buffer_bytes = c.max_buffer_bytes;
+    o.http_max_connections = (uint32_t)c.http_max_connections;
+    o.http_timeout_ms = (uint32_t)c.http_timeout * 1000;
     o.shard.shard_id = (uint32_t)c.shard_id;
     o.shard.num_shards = (uint32_t)c.num_shards;
     o.shard.world_size = (uint32_t)c.world_size;
     o.shard.max_frame_bytes = c.max_frame_bytes;
     o.shard.max_parked = (uint32_t)c.max_parked;
+    o.shard.max_parked_per_peer = (uint32_t)c.max_parked_per_peer;
+    o.shard.max_memory = c.max_memory ? c.max_memory : gift_shard_memory_default();
+    o.shard.max_step_ahead = (uint64_t)c.max_step_ahead;
     o.shard.damping = GIFT_DAMPING_DEFAULT;
     o.shard.geometry_decay = c.geometry_decay;
     o.shard.hits_every = 100; /* the boundary-hit measurement is a slow scalar pass */
@@ -109,8 +123,10 @@ int main(int argc, char **argv)
     }
     GIFT_LOG_INFO(0, "giftd %s shard %d of %d, world size %s, listening on %s:%d, http %s:%d",
                   GIFT_CODEC_VERSION, c.shard_id, c.num_shards,
-                  c.world_size ? "fixed" : "from the first Hello", c.bind, gift_server_port(srv),
+                  c.world_size ? "fixed" : "from the first Declare", c.bind, gift_server_port(srv),
                   c.bind, gift_server_http_port(srv));
+    GIFT_LOG_INFO(0, "max_memory %.1f MiB for declared tensors%s", (double)o.shard.max_memory / 1048576.0,
+                  c.max_memory ? "" : " (3/4 of physical memory)");
     /* One machine-readable line for scripts and tests. */
     printf("giftd ready port=%d http_port=%d\n", gift_server_port(srv), gift_server_http_port(srv));
     fflush(stdout);

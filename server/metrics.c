@@ -251,7 +251,7 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
       (unsigned long long)c->checkpoints, (unsigned long long)c->checkpoint_failures,
       (unsigned long long)c->log_records, (unsigned long long)c->log_bytes,
       (unsigned long long)c->log_failures, (unsigned long long)c->restored_step);
-    P("# HELP giftd_world_size Ranks in the cluster (0 until the first Hello).\n"
+    P("# HELP giftd_world_size Ranks in the cluster (0 until the first Declare).\n"
       "# TYPE giftd_world_size gauge\n"
       "giftd_world_size %u\n"
       "# HELP giftd_tensors Declared tensors.\n"

@@ -27,8 +27,18 @@
 #include "server.h"
 
 #define HTTP_MAX_REQUEST 8192
-#define HTTP_MAX_CONNS 64
-#define HTTP_TIMEOUT_MS 5000
+#define HTTP_MAX_CONNS_DEFAULT 16
+#define HTTP_TIMEOUT_MS_DEFAULT 2000
+#define HANDSHAKE_S_DEFAULT 10
+#define READ_S_DEFAULT 60
+#define IDLE_S_DEFAULT 300
+#define BUFFER_BYTES_DEFAULT (1ull << 30)
+/* Queued output of a connection that is not a rank's (a StatsRequest
+ * answer is a few KiB): past it that connection is not read. */
+#define NONRANK_QUEUE_BYTES (1ull << 20)
+/* Connections past max_connections kept while the ones closed to make room
+ * finish closing. */
+#define CONN_SLACK 64
 
 typedef struct out_item {
     size_t head_off, head_len; /* bytes in the queue's head buffer */
@@ -60,17 +70,26 @@ typedef struct conn {
     int reading;
     int closing;
     int in_list;
-    uint64_t t_accept; /* uv_now at accept: the Hello must follow within GIFT_HANDSHAKE_MS */
-    int expired;       /* refused for a missing Hello; closing */
+    uint64_t t_accept; /* uv_now at accept: the Hello must follow within handshake_timeout */
+    uint64_t t_read;   /* uv_now at the last bytes read */
+    uint64_t t_frame;  /* uv_now when the frame being read began (0: none) */
+    uint64_t held_in;  /* bytes of the frame being read, counted in srv->held_in */
+    int expired;       /* refused for a timeout; closing */
     int rcvlowat;      /* SO_RCVLOWAT set last (gift_sock_rcvlowat), 0: none */
     struct conn *next, *prev;
 } conn_t;
 
 /* A connection that has not completed its Hello (and the authentication, when
- * auth_key_file is set) this long after accept is refused with
+ * auth_key_file is set) handshake_timeout after accept is refused with
  * GIFT_ETIMEDOUT and closed, so silent connections cannot hold the
- * max_connections slots. Workers say Hello at once. */
-#define GIFT_HANDSHAKE_MS 10000
+ * max_connections slots. Workers say Hello at once. After the Hello, a frame
+ * must arrive whole within read_timeout of its first byte (a peer writing a
+ * byte a second is closed), and a connection that is not a rank's one live
+ * connection is closed after idle_timeout without a byte. A rank's connection
+ * is never closed for idleness (a worker may wait long for a slow step, and
+ * there is one per rank) nor to make room: when max_connections are open, a
+ * new one closes the oldest connection that is not a rank's, so a worker
+ * can always reconnect. */
 
 typedef struct http_conn {
     uv_tcp_t tcp;
@@ -81,7 +100,9 @@ typedef struct http_conn {
     size_t len;
     gift_str_t resp;
     int closing;
+    int answered; /* the request is complete; the answer is being written */
     int handles; /* open handles among tcp and timer */
+    struct http_conn *next, *prev;
 } http_conn_t;
 
 struct gift_server {
@@ -99,6 +120,8 @@ struct gift_server {
     uint32_t nconns;
     uint32_t nhttp;
     uint64_t next_id;
+    uint64_t held_in, held_out; /* partial frames, queued output: all connections */
+    struct http_conn *https;    /* newest first */
     int port, http_port;
     int draining;
     gift_proc_info_t pi;
@@ -113,8 +136,9 @@ static uint64_t now_ns(void)
 /* Write queue                                                           */
 /* ------------------------------------------------------------------ */
 
-static void batch_release(out_batch_t *b)
+static void batch_release(gift_server_t *s, out_batch_t *b)
 {
+    s->held_out -= b->bytes;
     for (size_t i = 0; i < b->nitems; i++)
         gift_rbuf_unref(b->items[i].buf);
     b->nitems = 0;
@@ -122,9 +146,9 @@ static void batch_release(out_batch_t *b)
     b->bytes = 0;
 }
 
-static void batch_free(out_batch_t *b)
+static void batch_free(gift_server_t *s, out_batch_t *b)
 {
-    batch_release(b);
+    batch_release(s, b);
     free(b->heads);
     free(b->items);
     free(b->bufs);
@@ -134,6 +158,21 @@ static void batch_free(out_batch_t *b)
 static uint64_t queued_bytes(const conn_t *c)
 {
     return c->q[0].bytes + c->q[1].bytes;
+}
+
+/* Queued output past which a connection is not read: write_queue_bytes for
+ * a rank's connection, NONRANK_QUEUE_BYTES (at most) for any other. */
+static uint64_t queue_limit(const conn_t *c)
+{
+    uint64_t q = c->srv->o.write_queue_bytes;
+    if (c->peer == NULL || !gift_shard_peer_claimed(c->peer))
+        q = q < NONRANK_QUEUE_BYTES ? q : NONRANK_QUEUE_BYTES;
+    return q;
+}
+
+static int over_budget(const gift_server_t *s)
+{
+    return s->held_in + s->held_out > s->o.max_buffer_bytes;
 }
 
 static void conn_close(conn_t *c);
@@ -193,7 +232,7 @@ static void on_write(uv_write_t *req, int status)
     out_batch_t *done = &c->q[!c->cur];
 
     c->writing = 0;
-    batch_release(done);
+    batch_release(c->srv, done);
     if (status < 0) {
         if (!c->closing)
             GIFT_LOG_INFO(c->id, "write error: %s", uv_strerror(status));
@@ -206,7 +245,8 @@ static void on_write(uv_write_t *req, int status)
             conn_close(c);
         return;
     }
-    if (!c->reading && !c->srv->draining && queued_bytes(c) <= c->srv->o.write_queue_bytes / 2)
+    if (!c->reading && !c->srv->draining &&
+        queued_bytes(c) <= queue_limit(c) / 2)
         start_reading(c);
 }
 
@@ -234,7 +274,8 @@ static int io_send(void *ctx, const uint8_t *head, size_t head_len, gift_rbuf_t 
     if (buf)
         gift_rbuf_ref(buf);
     b->bytes += head_len + it->len;
-    if (queued_bytes(c) > c->srv->o.write_queue_bytes && c->reading) {
+    c->srv->held_out += head_len + it->len;
+    if (queued_bytes(c) > queue_limit(c) && c->reading) {
         GIFT_LOG_DEBUG(c->id, "write queue at %llu bytes: pausing reads",
                  (unsigned long long)queued_bytes(c));
         stop_reading(c);
@@ -274,8 +315,9 @@ static void on_conn_closed(uv_handle_t *h)
             c->next->prev = c->prev;
         s->nconns--;
     }
-    batch_free(&c->q[0]);
-    batch_free(&c->q[1]);
+    batch_free(s, &c->q[0]);
+    batch_free(s, &c->q[1]);
+    s->held_in -= c->held_in;
     gift_reader_free(c->reader);
     GIFT_LOG_DEBUG(c->id, "connection closed");
     free(c);
@@ -302,6 +344,54 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init((char *)p, (unsigned)(avail > (1u << 30) ? (1u << 30) : avail));
 }
 
+/* The text of a reader error for the peer. */
+static const char *stream_error_text(int rc)
+{
+    if (rc == GIFT_EPROTO)
+        return "a frame with a payload during the handshake (Hello and its authentication "
+               "carry none)";
+    return gift_strerror(rc);
+}
+
+/* After a read, the frame being read (if any): one that carries a payload
+ * makes the peer claim its rank before the payload is buffered (only a
+ * rank's connection pushes); its size counts in held_in; the time of its
+ * first byte is kept for read_timeout. Past max_buffer_bytes a connection
+ * that is not a rank's is closed. A rank's is not paused for it: it holds
+ * at most one partial frame and write_queue_bytes of output, and pausing it
+ * inside a frame could stall every rank for good. Returns 0, or -1 when the
+ * connection is being closed. */
+static int conn_account(conn_t *c)
+{
+    gift_server_t *s = c->srv;
+    size_t buffered = gift_reader_buffered(c->reader), missing = gift_reader_missing(c->reader);
+    uint64_t total = (uint64_t)buffered + missing;
+    uint64_t head_max = GIFT_PREAMBLE_BYTES + (uint64_t)(s->limits.max_header_bytes
+                                                             ? s->limits.max_header_bytes
+                                                             : GIFT_MAX_HEADER_DEFAULT);
+
+    if (buffered == 0)
+        c->t_frame = 0;
+    else if (c->t_frame == 0)
+        c->t_frame = uv_now(&s->loop);
+    if (missing > 0 && total > head_max && !gift_shard_peer_claimed(c->peer) &&
+        gift_shard_peer_claim(s->shard, c->peer) < 0)
+        return -1;
+    s->held_in = s->held_in - c->held_in + total;
+    c->held_in = total;
+    if (over_budget(s) && !gift_shard_peer_claimed(c->peer)) {
+        char text[256];
+        snprintf(text, sizeof text,
+                 "the shard holds %llu bytes of partial frames and unsent replies "
+                 "(max_buffer_bytes %llu)",
+                 (unsigned long long)(s->held_in + s->held_out),
+                 (unsigned long long)s->o.max_buffer_bytes);
+        gift_shard_reject(s->shard, c->peer, GIFT_EBUSY, text);
+        return -1;
+    }
+    return 0;
+}
+
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
     conn_t *c = st->data;
@@ -315,8 +405,8 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         rc = gift_reader_next(c->reader, &f);
         if (rc >= 0)
             rc = GIFT_ENOMEM;
-        GIFT_LOG_WARN(c->id, "malformed stream: %s", gift_strerror(rc));
-        gift_shard_reject(c->srv->shard, c->peer, rc, gift_strerror(rc));
+        GIFT_LOG_WARN(c->id, "malformed stream: %s", stream_error_text(rc));
+        gift_shard_reject(c->srv->shard, c->peer, rc, stream_error_text(rc));
         return;
     }
     if (n < 0) {
@@ -329,15 +419,19 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         return;
     }
     gift_reader_commit(c->reader, (size_t)n);
+    c->t_read = uv_now(&c->srv->loop);
     while (!c->closing && (rc = gift_reader_next(c->reader, &f)) != 0) {
         if (rc < 0) {
-            GIFT_LOG_WARN(c->id, "malformed stream: %s", gift_strerror(rc));
-            gift_shard_reject(c->srv->shard, c->peer, rc, gift_strerror(rc));
+            GIFT_LOG_WARN(c->id, "malformed stream: %s", stream_error_text(rc));
+            gift_shard_reject(c->srv->shard, c->peer, rc, stream_error_text(rc));
             return;
         }
+        c->t_frame = 0;
         if (gift_shard_handle(c->srv->shard, c->peer, &f) < 0)
             return;
     }
+    if (!c->closing && conn_account(c) < 0)
+        return;
     if (!c->closing) {
         /* A push of a large chunk: wake this loop once it has mostly
          * arrived, not once per loopback segment (gift_sock_rcvlowat). The
@@ -346,6 +440,28 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
             (void)gift_sock_rcvlowat(fd, gift_reader_missing(c->reader), &c->rcvlowat);
     }
+}
+
+/* max_connections are open and c is one more: closes the oldest
+ * connection that is not a rank's (a rank's is never closed to make room,
+ * so a worker can always reconnect). Returns 0, or -1 when there is none,
+ * or too many are still closing. */
+static int make_room(gift_server_t *s, conn_t *c)
+{
+    conn_t *oldest = NULL;
+    char text[200];
+    if (s->nconns > s->o.max_connections + CONN_SLACK)
+        return -1;
+    for (conn_t *x = s->conns; x != NULL; x = x->next)
+        if (x != c && !x->closing && x->peer != NULL && !gift_shard_peer_claimed(x->peer))
+            oldest = x;
+    if (oldest == NULL)
+        return -1;
+    snprintf(text, sizeof text, "closed to make room for a new connection (max_connections %u; "
+             "connections that are not a rank's are closed oldest first)",
+             s->o.max_connections);
+    gift_shard_reject(s->shard, oldest->peer, GIFT_EBUSY, text);
+    return 0;
 }
 
 static void on_connection(uv_stream_t *l, int status)
@@ -392,13 +508,14 @@ static void on_connection(uv_stream_t *l, int status)
         }
         GIFT_LOG_DEBUG(c->id, "connection from %s", host);
     }
-    if (s->nconns > s->o.max_connections) {
-        char text[128];
-        snprintf(text, sizeof text, "too many connections (max_connections %u)",
-                 s->o.max_connections);
+    if (s->nconns > s->o.max_connections && make_room(s, c) < 0) {
+        char text[160];
+        snprintf(text, sizeof text, "too many connections (max_connections %u, each a rank's "
+                 "or still closing)", s->o.max_connections);
         gift_shard_reject(s->shard, c->peer, GIFT_EBUSY, text);
         return;
     }
+    c->t_read = c->t_accept;
     start_reading(c);
 }
 
@@ -409,9 +526,16 @@ static void on_connection(uv_stream_t *l, int status)
 static void on_http_closed(uv_handle_t *h)
 {
     http_conn_t *hc = h->data;
+    gift_server_t *s = hc->srv;
     if (--hc->handles > 0)
         return;
-    hc->srv->nhttp--;
+    if (hc->prev)
+        hc->prev->next = hc->next;
+    else
+        s->https = hc->next;
+    if (hc->next)
+        hc->next->prev = hc->prev;
+    s->nhttp--;
     gift_str_free(&hc->resp);
     free(hc);
 }
@@ -462,12 +586,14 @@ static void on_http_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
             static const char too_big[] = "HTTP/1.1 431 Request Header Fields Too Large\r\n"
                                           "Content-Length: 0\r\nConnection: close\r\n\r\n";
             uv_read_stop(st);
+            hc->answered = 1;
             gift_str_printf(&hc->resp, "%s", too_big);
             goto send;
         }
         return;
     }
     uv_read_stop(st);
+    hc->answered = 1;
     s->pi.open_connections = s->nconns;
     s->pi.draining = s->draining;
     gift_http_respond(hc->req, hc->len, s->shard, &s->pi, &hc->resp);
@@ -494,11 +620,28 @@ static void on_http_connection(uv_stream_t *l, int status)
     hc->tcp.data = hc;
     hc->timer.data = hc;
     hc->handles = 2;
-    if (uv_accept(l, (uv_stream_t *)&hc->tcp) < 0 || s->nhttp > HTTP_MAX_CONNS) {
+    hc->next = s->https;
+    if (s->https)
+        s->https->prev = hc;
+    s->https = hc;
+    if (uv_accept(l, (uv_stream_t *)&hc->tcp) < 0) {
         http_close(hc);
         return;
     }
-    uv_timer_start(&hc->timer, on_http_timeout, HTTP_TIMEOUT_MS, 0);
+    if (s->nhttp > s->o.http_max_connections) {
+        /* Full: the oldest connection still silent makes room, so that idle
+         * connections cannot make /livez fail; a probe asks at once. */
+        http_conn_t *oldest = NULL;
+        for (http_conn_t *x = hc->next; x != NULL; x = x->next)
+            if (!x->closing && !x->answered)
+                oldest = x;
+        if (oldest == NULL) {
+            http_close(hc);
+            return;
+        }
+        http_close(oldest);
+    }
+    uv_timer_start(&hc->timer, on_http_timeout, s->o.http_timeout_ms, 0);
     uv_read_start((uv_stream_t *)&hc->tcp, on_http_alloc, on_http_read);
 }
 
@@ -547,18 +690,63 @@ static void on_flush(uv_check_t *h)
     gift_shard_flush(s->shard);
 }
 
+/* Past max_buffer_bytes: closes the connection that is not a rank's with
+ * the most queued output (one that asks and never reads). */
+static void shed_largest(gift_server_t *s)
+{
+    conn_t *big = NULL;
+    char text[256];
+    for (conn_t *c = s->conns; c != NULL; c = c->next)
+        if (!c->closing && c->peer != NULL && !gift_shard_peer_claimed(c->peer) &&
+            (big == NULL || queued_bytes(c) > queued_bytes(big)))
+            big = c;
+    if (big == NULL || queued_bytes(big) == 0)
+        return;
+    snprintf(text, sizeof text, "the shard holds %llu bytes of partial frames and unsent replies "
+             "(max_buffer_bytes %llu); this connection's %llu are the most",
+             (unsigned long long)(s->held_in + s->held_out),
+             (unsigned long long)s->o.max_buffer_bytes, (unsigned long long)queued_bytes(big));
+    gift_shard_reject(s->shard, big->peer, GIFT_EBUSY, text);
+}
+
+/* The time limits of one connection, once a second (the rules above http_conn_t). */
+static void conn_check_time(gift_server_t *s, conn_t *c, uint64_t now)
+{
+    char text[160];
+    if (c->closing || c->expired || c->peer == NULL)
+        return;
+    if (!gift_shard_peer_ready(c->peer)) {
+        if (now - c->t_accept < (uint64_t)s->o.handshake_timeout_s * 1000)
+            return;
+        snprintf(text, sizeof text, "no Hello within %u s of connecting (handshake_timeout)",
+                 s->o.handshake_timeout_s);
+    } else if (c->t_frame != 0 && c->reading &&
+               now - c->t_frame >= (uint64_t)s->o.read_timeout_s * 1000) {
+        snprintf(text, sizeof text, "a frame begun %llu s ago is still incomplete "
+                 "(read_timeout %u s; %zu bytes of it arrived)",
+                 (unsigned long long)((now - c->t_frame) / 1000), s->o.read_timeout_s,
+                 gift_reader_buffered(c->reader));
+    } else if (!gift_shard_peer_claimed(c->peer) && queued_bytes(c) == 0 &&
+               now - c->t_read >= (uint64_t)s->o.idle_timeout_s * 1000) {
+        snprintf(text, sizeof text, "idle for %llu s and not a rank's connection "
+                 "(idle_timeout %u s)", (unsigned long long)((now - c->t_read) / 1000),
+                 s->o.idle_timeout_s);
+    } else {
+        return;
+    }
+    c->expired = 1;
+    gift_shard_reject(s->shard, c->peer, GIFT_ETIMEDOUT, text);
+}
+
 static void on_tick(uv_timer_t *t)
 {
     gift_server_t *s = t->data;
     uint64_t now = uv_now(&s->loop);
     gift_shard_tick(s->shard);
     for (conn_t *c = s->conns; c != NULL; c = c->next)
-        if (!c->closing && !c->expired && c->peer != NULL && !gift_shard_peer_ready(c->peer) &&
-            now - c->t_accept >= GIFT_HANDSHAKE_MS) {
-            c->expired = 1;
-            gift_shard_reject(s->shard, c->peer, GIFT_ETIMEDOUT,
-                              "no Hello within 10 s of connecting");
-        }
+        conn_check_time(s, c, now);
+    if (over_budget(s))
+        shed_largest(s);
 }
 
 static void exit_now(int signum)
@@ -631,12 +819,25 @@ int gift_server_new(const gift_server_opts_t *o, gift_server_t **out, char *err,
     s->o = *o;
     if (s->o.write_queue_bytes == 0)
         s->o.write_queue_bytes = 256ull << 20;
+    if (s->o.handshake_timeout_s == 0)
+        s->o.handshake_timeout_s = HANDSHAKE_S_DEFAULT;
+    if (s->o.read_timeout_s == 0)
+        s->o.read_timeout_s = READ_S_DEFAULT;
+    if (s->o.idle_timeout_s == 0)
+        s->o.idle_timeout_s = IDLE_S_DEFAULT;
+    if (s->o.max_buffer_bytes == 0)
+        s->o.max_buffer_bytes = BUFFER_BYTES_DEFAULT;
+    if (s->o.http_max_connections == 0)
+        s->o.http_max_connections = HTTP_MAX_CONNS_DEFAULT;
+    if (s->o.http_timeout_ms == 0)
+        s->o.http_timeout_ms = HTTP_TIMEOUT_MS_DEFAULT;
     s->limits.max_header_bytes = o->max_header_bytes;
     s->limits.max_frame_bytes = o->max_frame_bytes;
-    /* With authentication, Hello and its answer to the challenge come first
-     * and carry no payload: an unauthenticated peer cannot make giftd buffer
-     * a large frame (proto/gift_proto.h). */
-    s->limits.handshake_frames = o->shard.auth ? 2 : 0;
+    /* Hello (and, with authentication, its answer to the challenge) comes
+     * first and carries no payload: a peer that has not said Hello cannot
+     * make giftd buffer a large frame (proto/gift_proto.h); after it, only a
+     * rank's connection can (conn_account). */
+    s->limits.handshake_frames = o->shard.auth ? 2 : 1;
     s->o.shard.max_frame_bytes = o->max_frame_bytes;
     s->o.shard.group_commit = 1; /* on_flush calls gift_shard_flush every turn */
     s->pi.started_unix = (uint64_t)time(NULL);

@@ -23,6 +23,19 @@ typedef struct gift_server_opts {
     uint32_t max_header_bytes;
     uint64_t max_frame_bytes;
     uint64_t write_queue_bytes; /* per connection; past it the shard stops reading it */
+    /* Time limits, in seconds (0: the default in brackets). handshake: from
+     * accept to a completed Hello [10]. read: from the first byte of a frame
+     * to its last, while the shard reads [60]. idle: a connection that is
+     * not a rank's (gift_shard_peer_claimed) and sends nothing [300]. */
+    uint32_t handshake_timeout_s, read_timeout_s, idle_timeout_s;
+    /* Bytes held for all connections together in partial frames and in
+     * queued output [0: 1 GiB]. Past it connections that are not a rank's
+     * are closed (the one adding to it, or the one with the most queued). */
+    uint64_t max_buffer_bytes;
+    /* The HTTP listener: connections at once [16] (past it the oldest one
+     * still waiting for its request is closed) and the time a connection
+     * may take to send its request [2 s]. */
+    uint32_t http_max_connections, http_timeout_ms;
     gift_shard_opts_t shard;
     /* Called on SIGHUP (reload the log level); may be NULL. */
     void (*reload_cb)(void *arg);

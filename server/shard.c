@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "gift_auth.h"
@@ -30,15 +31,20 @@ const double gift_lat_bounds[GIFT_LAT_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.
 
 gift_rbuf_t *gift_rbuf_new(size_t cap)
 {
-    gift_rbuf_t *b = calloc(1, sizeof *b);
-    if (b == NULL)
+    /* One calloc for the struct and the bytes, which start 64-byte aligned
+     * (payload sections stay aligned for SIMD decode). calloc, not a
+     * memset: a large buffer comes as fresh zero pages that are committed
+     * only when first written, so declaring a chunk does not touch its
+     * reply buffers. */
+    size_t room = cap ? cap : 64;
+    gift_rbuf_t *b;
+    uintptr_t at;
+    if (room > SIZE_MAX - sizeof *b - 64)
         return NULL;
-    /* 64-byte alignment keeps payload sections aligned for SIMD decode. */
-    if (posix_memalign((void **)&b->data, 64, cap ? cap : 64) != 0) {
-        free(b);
+    if ((b = calloc(1, sizeof *b + 64 + room)) == NULL)
         return NULL;
-    }
-    memset(b->data, 0, cap ? cap : 64);
+    at = ((uintptr_t)(b + 1) + 63) & ~(uintptr_t)63;
+    b->data = (uint8_t *)at;
     b->refs = 1;
     b->cap = cap;
     return b;
@@ -53,7 +59,6 @@ void gift_rbuf_unref(gift_rbuf_t *b)
 {
     if (b == NULL || --b->refs > 0)
         return;
-    free(b->data);
     free(b);
 }
 
@@ -82,6 +87,9 @@ struct gift_peer {
     parked_t *parked;
     int challenged;                        /* authentication: an AuthChallenge was sent */
     uint8_t nonce[GIFT_AUTH_NONCE_BYTES]; /* ... with this server nonce */
+    uint32_t world;   /* the world size its Hello gave */
+    uint32_t nparked; /* its entries in the parked pool */
+    int claimed;      /* it holds s->by_rank[rank]: the rank's one live connection */
 };
 
 typedef struct slot {
@@ -204,6 +212,11 @@ struct gift_shard {
     chunk_t **pending;
     size_t npending;
     char dir[4096];
+    /* The connection acting as each rank (grown to the highest rank seen,
+     * below 65536): one live connection per rank. */
+    gift_peer_t **by_rank;
+    uint32_t by_rank_len;
+    uint64_t mem; /* bytes the declared store takes (store_need) */
     gift_shard_counters_t c;
     uint8_t head[HEAD_MAX];
 };
@@ -220,6 +233,18 @@ static int bit_get(const uint64_t *b, uint32_t i)
 static void bit_set(uint64_t *b, uint32_t i)
 {
     b[i >> 6] |= 1ull << (i & 63);
+}
+
+/* Saturating arithmetic for sizes computed from wire fields: a sum or
+ * product that would wrap is UINT64_MAX, which no budget admits. */
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+    return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
 }
 
 static uint64_t now_ns(const gift_shard_t *s)
@@ -349,6 +374,10 @@ gift_shard_t *gift_shard_new(const gift_shard_opts_t *o, const gift_shard_io_t *
         s->o.max_parked = 65536;
     if (s->o.max_frame_bytes == 0)
         s->o.max_frame_bytes = GIFT_MAX_FRAME_DEFAULT;
+    if (s->o.max_memory == 0)
+        s->o.max_memory = gift_shard_memory_default();
+    if (s->o.max_step_ahead == 0)
+        s->o.max_step_ahead = GIFT_STEP_AHEAD_DEFAULT;
     if (!(s->o.damping > 0.0))
         s->o.damping = GIFT_DAMPING_DEFAULT;
     if (!(s->o.geometry_decay >= 0.0 && s->o.geometry_decay < 1.0)) {
@@ -431,6 +460,7 @@ void gift_shard_free(gift_shard_t *s)
     gift_log_close(&s->log);
     gift_ckpt_buf_free(&s->ckpt_buf);
     free(s->pool);
+    free(s->by_rank);
     free(s);
 }
 
@@ -463,6 +493,7 @@ static void parked_unlink(gift_shard_t *s, parked_t *q)
         q->peer->parked = q->pnext;
     if (q->pnext)
         q->pnext->pprev = q->pprev;
+    q->peer->nparked--;
     memset(q, 0, sizeof *q);
     q->pnext = s->free_parked;
     s->free_parked = q;
@@ -474,17 +505,95 @@ void gift_shard_peer_close(gift_shard_t *s, gift_peer_t *p)
         return;
     while (p->parked)
         parked_unlink(s, p->parked);
+    if (p->claimed && p->rank < s->by_rank_len && s->by_rank[p->rank] == p)
+        s->by_rank[p->rank] = NULL;
     s->c.peers--;
     free(p);
+}
+
+/* The parked pulls one connection may hold: max_parked_per_peer, or by
+ * default what one worker can need (steps base and base + 1 of every chunk
+ * here) and some room for repeats. Never more than the pool. */
+static uint32_t peer_park_cap(const gift_shard_t *s)
+{
+    uint64_t cap = s->o.max_parked_per_peer ? s->o.max_parked_per_peer
+                                            : add_sat(mul_sat(s->nchunks, 2), 64);
+    return cap < s->o.max_parked ? (uint32_t)cap : s->o.max_parked;
+}
+
+/* Answers a pull that park refused: the connection's share or the pool. */
+static void park_refused(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
+{
+    if (p->nparked >= peer_park_cap(s))
+        send_error(s, p, GIFT_EBUSY, 0, m->key, m->chunk, m->step, m->seq,
+                   "too many pulls waiting from this connection (%u; max_parked_per_peer %u)",
+                   p->nparked, peer_park_cap(s));
+    else
+        send_error(s, p, GIFT_EBUSY, 0, m->key, m->chunk, m->step, m->seq,
+                   "too many pulls waiting on this shard (max_parked %u)", s->o.max_parked);
+}
+
+/* p acts as its rank (any message but Hello and StatsRequest): its Hello's
+ * world size must be the cluster's (a Hello before the world was known
+ * could claim any), and it becomes the rank's one live connection. A
+ * second connection for a connected rank is refused; with authentication
+ * on, its handshake proved the rank's own key (gift_auth.h), so it is the
+ * worker reconnecting and replaces the old connection, which is closed.
+ * Returns 0, or a negative code after a fatal Error to p. */
+static int claim_rank(gift_shard_t *s, gift_peer_t *p)
+{
+    gift_peer_t *q;
+    if (p->claimed)
+        return 0;
+    if (s->world != 0 && p->world != s->world) {
+        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0,
+                   "world size %u, the cluster has %u (from %s)", p->world, s->world,
+                   s->o.world_size ? "world_size" : "the first Declare");
+        return GIFT_EWORLD;
+    }
+    if (p->rank >= s->by_rank_len) {
+        uint32_t n = p->rank + 1 > 2 * s->by_rank_len ? p->rank + 1 : 2 * s->by_rank_len;
+        gift_peer_t **nb = realloc(s->by_rank, (size_t)n * sizeof *nb);
+        if (nb == NULL) {
+            send_error(s, p, GIFT_ENOMEM, 1, 0, 0, 0, 0, "out of memory for the rank table");
+            return GIFT_ENOMEM;
+        }
+        memset(nb + s->by_rank_len, 0, (size_t)(n - s->by_rank_len) * sizeof *nb);
+        s->by_rank = nb;
+        s->by_rank_len = n;
+    }
+    q = s->by_rank[p->rank];
+    if (q != NULL && q != p) {
+        if (s->o.auth == NULL) {
+            send_error(s, p, GIFT_EBUSY, 1, 0, 0, 0, 0,
+                       "rank %u is already connected (connection %" PRIu64 "); one live "
+                       "connection per rank: it must close first (or set auth_key_file, so that "
+                       "a reconnect proves its rank and replaces it)",
+                       p->rank, q->id);
+            return GIFT_EBUSY;
+        }
+        GIFT_LOG_WARN(p->id, "rank %u reconnected and proved its key: closing its old "
+                      "connection %" PRIu64, p->rank, q->id);
+        while (q->parked)
+            parked_unlink(s, q->parked);
+        q->claimed = 0;
+        send_error(s, q, GIFT_ECLOSED, 1, 0, 0, 0, 0,
+                   "replaced by connection %" PRIu64 ", which proved the key of rank %u", p->id,
+                   p->rank);
+    }
+    s->by_rank[p->rank] = p;
+    p->claimed = 1;
+    return 0;
 }
 
 static int park(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, uint64_t step, uint64_t seq,
                 uint32_t have_epoch)
 {
     parked_t *q = s->free_parked;
-    if (q == NULL)
+    if (q == NULL || p->nparked >= peer_park_cap(s))
         return GIFT_EBUSY;
     s->free_parked = q->pnext;
+    p->nparked++;
     memset(q, 0, sizeof *q);
     q->peer = p;
     q->ch = ch;
@@ -548,6 +657,121 @@ static int publish_geometry(gift_shard_t *s, tensor_t *t, uint64_t valid_from)
     return 0;
 }
 
+uint64_t gift_shard_memory_default(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || size <= 0)
+        return 1ull << 40;
+    return mul_sat((uint64_t)pages, (uint64_t)size) / 4 * 3;
+}
+
+uint64_t gift_shard_memory_committed(const gift_shard_t *s)
+{
+    return s->declared ? s->mem : 0;
+}
+
+/* What the geometry owner of t allocates: the basis and its LAPACK
+ * workspace (codec/geometry.c), the sketch sums, with ordered aggregation
+ * every rank's sketch, and two published copies of U and lambda. */
+static uint64_t geometry_need(const gift_shard_t *s, const tensor_t *t)
+{
+    uint64_t dks = mul_sat(t->cols, t->ks), kk = mul_sat(t->ks, t->ks), n;
+    n = mul_sat(dks, 4 + 16 + 4 + 8);          /* U, Q and B (double), ysum, 2 geo_buf */
+    n = add_sat(n, mul_sat(kk, 16 + 16));       /* M, R, the eigenproblem */
+    n = add_sat(n, mul_sat(t->ks, 64));         /* lambda, d, tau, ... */
+    n = add_sat(n, mul_sat(t->cols, 64 * 8));   /* QR workspace (din x block) */
+    n = add_sat(n, mul_sat(s->words, 8));       /* sk_ranks */
+    if (s->o.aggregate == GIFT_SHARD_ORDERED)
+        n = add_sat(n, mul_sat(s->world, add_sat(mul_sat(dks, 4), 8))); /* yr, tr */
+    return n;
+}
+
+/* The bytes store_build will allocate for the checked declaration d: per
+ * chunk its two accumulators, rank bitmaps and reply buffers, the kept
+ * pushes of ordered aggregation (world per step), the pull residual; per
+ * owned tensor its geometry; the tables and the packed Declare. Computed
+ * with saturating arithmetic before anything is allocated. */
+static uint64_t store_need(const gift_shard_t *s, const Gift__Declare *d)
+{
+    int ordered = s->o.aggregate == GIFT_SHARD_ORDERED;
+    uint64_t n = gift__declare__get_packed_size(d);
+    n = add_sat(n, mul_sat(s->ntensors, sizeof(tensor_t)));
+    n = add_sat(n, mul_sat(s->nchunks, sizeof(chunk_t) + 2 * sizeof(chunk_t *)));
+    for (size_t i = 0; i < s->ntensors; i++) {
+        const tensor_t *t = &s->tensors[i];
+        n = add_sat(n, strlen(t->name) + 1);
+        if (t->owner && t->geometry)
+            n = add_sat(n, geometry_need(s, t));
+    }
+    for (size_t i = 0; i < s->nchunks; i++) {
+        const chunk_t *ch = &s->chunks[i];
+        uint64_t per_step = mul_sat(ch->n, sizeof(float));
+        per_step = add_sat(per_step, mul_sat(s->words, 8));
+        per_step = add_sat(per_step, add_sat(ch->pull_l.total, sizeof(gift_rbuf_t) + 64));
+        if (ordered)
+            per_step = add_sat(per_step, mul_sat((ch->push_l.total + 63) & ~(uint64_t)63, s->world));
+        n = add_sat(n, mul_sat(per_step, 2));
+        if (ch->t->pull_ef)
+            n = add_sat(n, mul_sat(ch->n, sizeof(float)));
+    }
+    return n;
+}
+
+/* Fails with GIFT_ENOMEM and a sentence in why when need is above the
+ * budget: the figure, the budget, and the option that raises it. */
+static int budget_check(const gift_shard_t *s, uint64_t need, const char *what, char *why,
+                        size_t whylen)
+{
+    if (need <= s->o.max_memory)
+        return 0;
+    if (need == UINT64_MAX)
+        snprintf(why, whylen, "%s needs more than 2^64 bytes; max_memory is %" PRIu64
+                 " bytes (%.1f MiB)", what, s->o.max_memory, (double)s->o.max_memory / 1048576.0);
+    else
+        snprintf(why, whylen, "%s needs %" PRIu64 " bytes (%.1f MiB) of tensor memory on this "
+                 "shard; max_memory is %" PRIu64 " bytes (%.1f MiB): raise max_memory "
+                 "(--max-memory, GIFTD_MAX_MEMORY) or place the tensors on more shards",
+                 what, need, (double)need / 1048576.0, s->o.max_memory,
+                 (double)s->o.max_memory / 1048576.0);
+    return GIFT_ENOMEM;
+}
+
+/* Checks and fixes the transform shape of a geometry tensor: its rank k
+ * and basis width ks (declared, or the default policy), each named in the
+ * error when out of range; the geometry math takes them as int. */
+static int geometry_shape(const gift_shard_t *s, tensor_t *t, const Gift__TensorDecl *td,
+                          char *why, size_t whylen)
+{
+    int k, ks;
+    if (t->cols < 2 || t->cols > INT32_MAX || t->rows > INT32_MAX) {
+        snprintf(why, whylen, "tensor %u has shape %u x %u: geometry needs 2 to 2^31-1 columns "
+                 "and at most 2^31-1 rows", t->key, t->rows, t->cols);
+        return GIFT_ESHAPE;
+    }
+    k = td->rank ? (td->rank > t->cols ? -1 : (int)td->rank)
+                 : gift_rank_default((int)t->rows, (int)t->cols);
+    if (k < 1) {
+        snprintf(why, whylen, "tensor %u: rank %u is outside 1..%u (its columns)", t->key,
+                 td->rank, t->cols);
+        return GIFT_ESHAPE;
+    }
+    ks = td->basis_cols ? (td->basis_cols > t->cols ? -1 : (int)td->basis_cols)
+                        : gift_basis_cols((int)t->cols, k, GIFT_OVERSAMPLE_DEFAULT);
+    if (ks < k) {
+        snprintf(why, whylen, "tensor %u: a basis of %u columns is outside rank %d..%u columns",
+                 t->key, td->basis_cols, k, t->cols);
+        return GIFT_ESHAPE;
+    }
+    t->k = (uint32_t)k;
+    t->ks = (uint32_t)ks;
+    if ((uint64_t)t->cols * t->ks * 4 > s->o.max_frame_bytes) {
+        snprintf(why, whylen, "tensor %u: its sketch (%u x %u floats) is above max_frame_bytes "
+                 "(%" PRIu64 ")", t->key, t->cols, t->ks, s->o.max_frame_bytes);
+        return GIFT_ESHAPE;
+    }
+    return 0;
+}
+
 /* qsort order of a tensor's chunk index: ascending chunk id. */
 static int chunk_id_cmp(const void *a, const void *b)
 {
@@ -563,10 +787,17 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
     size_t nt = d->n_tensors, nc = d->n_chunks;
     int ordered = s->o.aggregate == GIFT_SHARD_ORDERED;
 
+    why[0] = '\0';
     if (nt == 0) {
         snprintf(why, whylen, "the tensor list is empty");
         return GIFT_EINVAL;
     }
+    /* The tables first (bounded by the message, but checked all the same),
+     * the buffers once the declaration is known to be valid. */
+    if ((rc = budget_check(s, add_sat(mul_sat(nt, sizeof(tensor_t)), mul_sat(nc, sizeof(chunk_t))),
+                           "the declaration's tables", why, whylen)) < 0)
+        return rc;
+    rc = GIFT_ENOMEM;
     if ((s->tensors = calloc(nt, sizeof *s->tensors)) == NULL ||
         (nc && (s->chunks = calloc(nc, sizeof *s->chunks)) == NULL))
         goto fail;
@@ -608,20 +839,9 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
         t->refresh = td->refresh ? td->refresh : REFRESH_DEFAULT;
         /* f32 pulls are exact: nothing to feed back. */
         t->pull_ef = td->pull_error_feedback && t->pull.fmt != GIFT_FMT_F32;
-        if (t->geometry) {
-            t->k = td->rank ? td->rank : (uint32_t)gift_rank_default((int)t->rows, (int)t->cols);
-            t->ks = td->basis_cols
-                        ? td->basis_cols
-                        : (uint32_t)gift_basis_cols((int)t->cols, (int)t->k,
-                                                    GIFT_OVERSAMPLE_DEFAULT);
-            if (t->cols < 2 || t->k < 1 || t->k > t->cols || t->ks < t->k || t->ks > t->cols ||
-                (uint64_t)t->cols * t->ks * 4 > s->o.max_frame_bytes) {
-                snprintf(why, whylen, "tensor %u: rank %u / basis %u invalid for %u columns",
-                         t->key, t->k, t->ks, t->cols);
-                rc = GIFT_ESHAPE;
-                goto fail;
-            }
-        }
+        if (t->geometry && (rc = geometry_shape(s, t, td, why, whylen)) < 0)
+            goto fail;
+        rc = GIFT_ENOMEM;
     }
     /* Count each tensor's chunks, so that its index is sized by what is
      * declared (bounded by the message) and never by a chunk id's value. */
@@ -683,6 +903,11 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
                 goto fail;
             }
     }
+    /* Within max_memory before the first buffer is allocated. */
+    s->mem = store_need(s, d);
+    if ((rc = budget_check(s, s->mem, "the declaration", why, whylen)) < 0)
+        goto fail;
+    rc = GIFT_ENOMEM;
     /* Allocate every buffer now, once: nothing per message afterwards. */
     for (size_t i = 0; i < nc; i++) {
         chunk_t *ch = &s->chunks[i];
@@ -727,7 +952,7 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
     s->declared = 1;
     return 0;
 fail:
-    if (rc == GIFT_ENOMEM)
+    if (rc == GIFT_ENOMEM && why[0] == '\0')
         snprintf(why, whylen, "out of memory while allocating the declared buffers");
     /* Owner flags are set before geometry init; free only what was made. */
     for (size_t i = 0; i < s->ntensors; i++)
@@ -768,7 +993,7 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__DeclareAck ack = GIFT__DECLARE_ACK__INIT;
-    char why[256] = "";
+    char why[400] = "";
     uint64_t digest = gift_digest_tensors(d->tensors, d->n_tensors);
     uint64_t sig = placement_sig(d->chunks, d->n_chunks);
     uint8_t want[8];
@@ -792,7 +1017,16 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
             return 0;
         }
     } else {
+        int adopt = s->world == 0;
+        if (adopt) {
+            /* The world size of the first Declare's sender (claim_rank
+             * refuses peers of another from here on). */
+            s->world = p->world;
+            s->words = (s->world + 63) / 64;
+        }
         if ((rc = declare_apply(s, d, why, sizeof why)) < 0) {
+            if (adopt)
+                s->world = 0, s->words = 0;
             send_error(s, p, rc, 0, 0, 0, 0, 0, "declare refused: %s", why);
             return 0;
         }
@@ -805,14 +1039,20 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
             if ((rc = log_append(s, GIFT_LOG_DECLARE, parts, lens, 2, 1)) < 0) {
                 /* Not durable: forget it, so that nothing is built on it. */
                 store_free(s);
+                if (adopt)
+                    s->world = 0, s->words = 0;
                 send_error(s, p, rc, 0, 0, 0, 0, 0,
                            "declare refused: cannot write it to the step log in %s", s->dir);
                 return 0;
             }
         }
         ckpt_schedule(s);
-        GIFT_LOG_INFO(p->id, "declared %zu tensors, %zu chunks on this shard",
-                 s->ntensors, s->nchunks);
+        if (adopt)
+            GIFT_LOG_INFO(p->id, "world size %u (from the first Declare, rank %u's Hello)",
+                          s->world, p->rank);
+        GIFT_LOG_INFO(p->id, "declared %zu tensors, %zu chunks on this shard (%.1f MiB of "
+                      "max_memory %.1f MiB)", s->ntensors, s->nchunks,
+                      (double)s->mem / 1048576.0, (double)s->o.max_memory / 1048576.0);
     }
     ack.tensors = (uint32_t)s->ntensors;
     ack.chunks = (uint32_t)s->nchunks;
@@ -876,7 +1116,7 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
                        "authentication failed: the Hello's MAC does not match this shard's key");
             return GIFT_EAUTH;
         }
-        gift_auth_ack_mac(s->o.auth, p->nonce, h->client_nonce.data, h->auth_mac.data, mac);
+        gift_auth_ack_mac(s->o.auth, h->rank, p->nonce, h->client_nonce.data, h->auth_mac.data, mac);
         ack.auth_mac.data = mac;
         ack.auth_mac.len = sizeof mac;
     }
@@ -903,14 +1143,13 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
             return GIFT_EDIGEST;
         }
     }
-    if (s->world == 0) {
-        /* Adopted only from a Hello that passed every check. */
-        s->world = h->world_size;
-        s->words = (s->world + 63) / 64;
-        GIFT_LOG_INFO(p->id, "world size %u (from the first Hello)", s->world);
-    }
+    /* A Hello never fixes the world size (a stray or hostile one would lock
+     * every worker out): it is configured, or adopted from the sender of
+     * the first Declare (handle_declare); until then any is accepted, and
+     * checked when the peer acts as its rank (claim_rank). */
     p->hello = 1;
     p->rank = h->rank;
+    p->world = h->world_size;
     GIFT_LOG_INFO(p->id, "hello from rank %u of %u (%s)%s", h->rank, h->world_size,
              h->client_name && *h->client_name ? h->client_name : "unnamed",
              s->o.auth ? ", authenticated" : "");
@@ -919,7 +1158,7 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
     ack.num_shards = s->o.num_shards;
     ack.max_frame_bytes = s->o.max_frame_bytes;
     ack.server_version = (char *)GIFT_CODEC_VERSION;
-    ack.world_size = s->world;
+    ack.world_size = s->world ? s->world : h->world_size;
     env.msg_case = GIFT__ENVELOPE__MSG_HELLO_ACK;
     env.hello_ack = &ack;
     (void)send_frame(s, p, &env, NULL, 0, 0);
@@ -1260,6 +1499,59 @@ static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, 
     return 0;
 }
 
+/* The newest base step over the shard's started chunks (0 when none). */
+static uint64_t newest_base(const gift_shard_t *s)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < s->nchunks; i++)
+        if (s->chunks[i].started && s->chunks[i].base > b)
+            b = s->chunks[i].base;
+    return b;
+}
+
+/* The first push of a chunk fixes its window, so it may be at most
+ * max_step_ahead past the newest base step of the shard. Returns 0, or
+ * GIFT_ESTEP after answering it. */
+static int first_step_check(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const Gift__Push *m)
+{
+    uint64_t newest = newest_base(s);
+    if (m->step <= newest || m->step - newest <= s->o.max_step_ahead)
+        return 0;
+    send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
+               "push for step %" PRIu64 " is the first of tensor %u chunk %u and more than "
+               "max_step_ahead (%" PRIu64 ") past this shard's newest step %" PRIu64
+               "; raise max_step_ahead (--max-step-ahead) if the run really starts there",
+               m->step, ch->t->key, ch->id, s->o.max_step_ahead, newest);
+    return GIFT_ESTEP;
+}
+
+/* A shard that does not own a tensor's geometry cannot check a push's
+ * epoch against the owner's, but epochs only grow, at most one per sketch
+ * round (one round per step): the epoch of step is at most step + 1, at
+ * least that of the chunk's last finished step, and at most one more per
+ * step since. epoch_bound is the largest such epoch. */
+static uint64_t epoch_bound_u64(const chunk_t *ch, uint64_t step)
+{
+    const reply_t *r = ch->started && ch->base > 0 ? &ch->reply[(ch->base - 1) & 1] : NULL;
+    if (r != NULL && r->valid && r->step == ch->base - 1 && step > r->step)
+        return add_sat(r->epoch, step - r->step);
+    return add_sat(step, 1);
+}
+
+static uint32_t epoch_bound(const chunk_t *ch, uint64_t step)
+{
+    uint64_t b = epoch_bound_u64(ch, step);
+    return b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
+}
+
+static int epoch_plausible(const chunk_t *ch, uint64_t step, uint32_t epoch)
+{
+    const reply_t *r = ch->started && ch->base > 0 ? &ch->reply[(ch->base - 1) & 1] : NULL;
+    if (r != NULL && r->valid && r->step == ch->base - 1 && epoch < r->epoch)
+        return 0;
+    return epoch <= epoch_bound_u64(ch, step);
+}
+
 static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, const gift_frame_t *f)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
@@ -1289,11 +1581,15 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                    f->payload_len, m->chunk, m->key, ch->push_l.total);
         return 0;
     }
-    /* A chunk's first accepted push fixes its base step; a refused one must not. */
+    /* A chunk's first accepted push fixes its base step; a refused one must
+     * not, nor may one far past the shard's other chunks (a push for step
+     * 10^12 would make every real push a duplicate). */
+    if (!ch->started && (rc = first_step_check(s, p, ch, m)) < 0)
+        return 0;
     base = ch->started ? ch->base : m->step;
     if (m->step < base) {
         dup = 1;
-    } else if (m->step > base + 1) {
+    } else if (m->step - base > 1) {
         send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
                    "push for step %" PRIu64 " while step %" PRIu64
                    " is unfinished (window is %" PRIu64 "..%" PRIu64 ")",
@@ -1313,8 +1609,15 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                 want = (uint32_t)sl->epoch;
             else if (t->owner)
                 want = epoch_for_step(t, m->step);
-            else
+            else if (epoch_plausible(ch, m->step, m->epoch))
                 want = m->epoch;
+            else {
+                send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
+                           "push encoded under epoch %u, which step %" PRIu64 " of tensor %u "
+                           "cannot use: epochs grow by at most one per step (at most %u here)",
+                           m->epoch, m->step, m->key, epoch_bound(ch, m->step));
+                return 0;
+            }
             if (m->epoch != want) {
                 send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
                            "push encoded under epoch %u; step %" PRIu64 " of tensor %u uses "
@@ -1389,9 +1692,7 @@ static int handle_pull(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
         if (r->valid && r->step == m->step && !r->durable) {
             /* Finished, not yet synced: answered by gift_shard_flush. */
             if ((rc = park(s, p, ch, m->step, m->seq, m->have_epoch)) < 0)
-                send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
-                           "too many pulls waiting on this shard (max_parked %u)",
-                           s->o.max_parked);
+                park_refused(s, p, m);
             return 0;
         }
         if (r->valid && r->step == m->step) {
@@ -1403,15 +1704,14 @@ static int handle_pull(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
                    m->step, ch->base >= 2 ? ch->base - 2 : 0, ch->base + 1);
         return 0;
     }
-    if (m->step > ch->base + 1) {
+    if (m->step - ch->base > 1) {
         send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
                    "pull for step %" PRIu64 " while step %" PRIu64 " is unfinished", m->step,
                    ch->base);
         return 0;
     }
     if ((rc = park(s, p, ch, m->step, m->seq, m->have_epoch)) < 0)
-        send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
-                   "too many pulls waiting on this shard (max_parked %u)", s->o.max_parked);
+        park_refused(s, p, m);
     return 0;
 }
 
@@ -1771,6 +2071,43 @@ int gift_shard_peer_ready(const gift_peer_t *p)
     return p->hello;
 }
 
+/* A Declare claimed p's rank (claim_rank); a refused first Declare, which
+ * fixed nothing, gives the claim back, so that a peer whose Declares fail
+ * (or whose Hello named another world) does not keep a rank from its worker. */
+static int declare_claimed(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d)
+{
+    int first = !s->declared;
+    int rc = handle_declare(s, p, d);
+    if (first && !s->declared && p->claimed && s->by_rank[p->rank] == p) {
+        s->by_rank[p->rank] = NULL;
+        p->claimed = 0;
+    }
+    return rc;
+}
+
+int gift_shard_peer_claimed(const gift_peer_t *p)
+{
+    return p->claimed;
+}
+
+int gift_shard_peer_claim(gift_shard_t *s, gift_peer_t *p)
+{
+    if (p->closing)
+        return GIFT_ECLOSED;
+    if (!p->hello) {
+        send_error(s, p, s->o.auth ? GIFT_EAUTH : GIFT_EPROTO, 1, 0, 0, 0, 0,
+                   "a frame with a payload before the Hello%s completed",
+                   s->o.auth ? " and its authentication" : "");
+        return s->o.auth ? GIFT_EAUTH : GIFT_EPROTO;
+    }
+    if (s->world == 0) {
+        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0,
+                   "a frame with a payload before any Declare on this shard");
+        return GIFT_EPROTO;
+    }
+    return claim_rank(s, p);
+}
+
 void gift_shard_reject(gift_shard_t *s, gift_peer_t *p, int code, const char *text)
 {
     send_error(s, p, code, 1, 0, 0, 0, 0, "%s", text ? text : gift_strerror(code));
@@ -1798,6 +2135,17 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
                    s->o.auth ? "authentication" : "Hello");
         return code;
     }
+    /* Acting as a rank (not before the world size is known: a Declare
+     * makes it known, anything else is refused below). */
+    if ((env->msg_case == GIFT__ENVELOPE__MSG_DECLARE ||
+         (s->world != 0 && (env->msg_case == GIFT__ENVELOPE__MSG_PUSH ||
+                            env->msg_case == GIFT__ENVELOPE__MSG_PULL ||
+                            env->msg_case == GIFT__ENVELOPE__MSG_SKETCH ||
+                            env->msg_case == GIFT__ENVELOPE__MSG_GEOMETRY_REQUEST)))) {
+        int rc = claim_rank(s, p);
+        if (rc < 0)
+            return rc;
+    }
     if (env->msg_case != GIFT__ENVELOPE__MSG_DECLARE &&
         env->msg_case != GIFT__ENVELOPE__MSG_STATS_REQUEST && !s->declared) {
         send_error(s, p, GIFT_ENOKEY, 0, 0, 0, 0, 0, "%s before any Declare on this shard",
@@ -1806,7 +2154,7 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
     }
     switch (env->msg_case) {
     case GIFT__ENVELOPE__MSG_DECLARE:
-        return handle_declare(s, p, env->declare);
+        return declare_claimed(s, p, env->declare);
     case GIFT__ENVELOPE__MSG_PUSH:
         return handle_push(s, p, env->push, f);
     case GIFT__ENVELOPE__MSG_PULL:

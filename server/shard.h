@@ -98,9 +98,23 @@ typedef struct gift_shard_io {
 typedef struct gift_shard_opts {
     uint32_t shard_id;
     uint32_t num_shards;
-    uint32_t world_size;       /* 0: taken from the first Hello */
+    /* 0: unknown until the first Declare that builds the store succeeds:
+     * the world size of its sender's Hello (authenticated when auth is on)
+     * is adopted then. A Hello alone never fixes it. */
+    uint32_t world_size;
     uint64_t max_frame_bytes;  /* largest payload a declaration may imply */
     uint32_t max_parked;       /* parked pulls, whole shard */
+    /* Parked pulls one connection may hold; 0: 2 x the chunks on this shard
+     * + 64 (what one worker can need: steps base and base + 1 of each). */
+    uint32_t max_parked_per_peer;
+    /* Bytes the declared tensors may commit (accumulators, reply buffers,
+     * kept pushes, residuals, geometry): a Declare needing more is refused
+     * before anything is allocated. 0: gift_shard_memory_default(). */
+    uint64_t max_memory;
+    /* How far past the shard's newest base step a chunk's first push may
+     * be (a started chunk only takes base and base + 1). 0: the default,
+     * GIFT_STEP_AHEAD_DEFAULT. */
+    uint64_t max_step_ahead;
     double damping;            /* geometry damping (GIFT_DAMPING_DEFAULT) */
     double geometry_decay;     /* covariance running average, [0, 1); 0: latest round only */
     uint32_t hits_every;       /* measure pull-codec boundary hits every N steps (0: never) */
@@ -119,11 +133,20 @@ typedef struct gift_shard_opts {
     const struct gift_auth_key *auth;
 } gift_shard_opts_t;
 
+#define GIFT_STEP_AHEAD_DEFAULT 1000000
+
 #define GIFT_SHARD_ORDERED 0
 #define GIFT_SHARD_EAGER 1
 
 typedef struct gift_shard gift_shard_t;
 typedef struct gift_peer gift_peer_t;
+
+/* The default max_memory: three quarters of the machine's physical memory
+ * (sysconf), or 1 TiB when that cannot be read. */
+uint64_t gift_shard_memory_default(void);
+
+/* The bytes the declared store takes (0 before a Declare). */
+uint64_t gift_shard_memory_committed(const gift_shard_t *s);
 
 /* Counters for /metrics and Stats. Codec-indexed arrays use gift_format_t. */
 #define GIFT_LAT_BUCKETS 12
@@ -170,6 +193,18 @@ void gift_shard_reject(gift_shard_t *s, gift_peer_t *p, int code, const char *te
 
 /* 1 once the peer's Hello (and authentication, when on) has succeeded. */
 int gift_shard_peer_ready(const gift_peer_t *p);
+
+/* 1 when p is its rank's one live connection: it sent a Declare, Push,
+ * Pull, Sketch or GeometryRequest (a StatsRequest does not count). The glue
+ * never closes such a connection to make room or for being idle. */
+int gift_shard_peer_claimed(const gift_peer_t *p);
+
+/* The glue calls this when p starts a frame that carries a payload, before
+ * buffering it: only a rank's connection may send one (a Push or Sketch),
+ * so p claims its rank here. Returns 0, or a negative code after a fatal
+ * Error frame (io->close called): no Hello yet, the world size not known
+ * yet (no Declare), or the rank held by another connection. */
+int gift_shard_peer_claim(gift_shard_t *s, gift_peer_t *p);
 
 /* Called about once a second by the glue: a chunk step that some ranks have
  * pushed and others not for stall_warn_s seconds is logged once, naming the

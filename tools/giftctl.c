@@ -11,9 +11,10 @@
  *
  * status and stats speak the worker protocol (proto/gift.proto): a Hello
  * named "giftctl", then a StatsRequest. A Hello must carry the cluster's
- * world size, which a tool does not know, and the first Hello a shard
- * sees fixes it; so giftctl reads it from the shard's /metrics
- * (giftd_world_size) first, and says hello only once a worker has. --world
+ * world size, which a tool does not know (a Hello no longer fixes it, but
+ * one of another world size than the shard's is refused); so giftctl reads
+ * it from the shard's /metrics (giftd_world_size) first, and says hello
+ * only once a worker has declared. --world
  * (or $GIFT_WORLD / $WORLD_SIZE when HTTP is off) overrides. The codec and
  * boundary-hit rate come from the Stats message when the shard fills them,
  * else from /metrics. A shard with an auth_key_file challenges the Hello;
@@ -552,7 +553,7 @@ static int fetch_stats(const endpoint_t *e, uint32_t world, const gift_auth_key_
         goto out;
     }
     hello.protocol_version = GIFT_PROTOCOL_VERSION;
-    hello.rank = 0;
+    hello.rank = key != NULL && key->rank_bound ? key->rank : 0; /* a rank key speaks for its rank */
     hello.world_size = world;
     hello.client_name = "giftctl";
     if (key != NULL) {
@@ -606,7 +607,7 @@ static int fetch_stats(const endpoint_t *e, uint32_t world, const gift_auth_key_
     }
     if (challenged) {
         const Gift__HelloAck *ack = f.env->hello_ack;
-        gift_auth_ack_mac(key, snonce, cnonce, mac, want);
+        gift_auth_ack_mac(key, hello.rank, snonce, cnonce, mac, want);
         if (gift_auth_verify(ack->auth_mac.data, ack->auth_mac.len, want) < 0) {
             snprintf(err, errlen, "the shard did not prove that it holds the key");
             goto out;
@@ -866,6 +867,7 @@ static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
 static void usage(FILE *f)
 {
     fprintf(f, "Usage: giftctl [OPTION...] ping|status|stats\n"
+               "       giftctl --auth-key-file SECRET rank-key RANK > rank.key\n"
                "\n"
                "Asks running giftd shards how they are.\n"
                "\n"
@@ -877,6 +879,9 @@ static void usage(FILE *f)
                "           boundary-hit rate of the pull codec\n"
                "  stats    per shard: frames, bytes, pushes, pulls, finished steps,\n"
                "           connections\n"
+               "  rank-key RANK  prints the key file of one rank, derived from the shared\n"
+               "           secret: give each worker only its own (GIFT_AUTH_KEY_FILE), and\n"
+               "           it cannot authenticate as another rank\n"
                "\n"
                "Options:\n"
                "  -s, --servers LIST  host:port,... of the shards' protocol ports\n"
@@ -958,6 +963,33 @@ int main(int argc, char **argv)
             usage(stderr);
             return EXIT_USAGE;
         }
+    }
+    if (optind == argc - 2 && strcmp(argv[optind], "rank-key") == 0) {
+        char err[512], warn[512], text[160];
+        long r = strtol(argv[optind + 1], &end, 10);
+        if (*end || r < 0 || r > 65535) {
+            fprintf(stderr, "giftctl: rank-key wants a rank 0..65535, got \"%s\"\n",
+                    argv[optind + 1]);
+            return EXIT_USAGE;
+        }
+        if (o.auth_key_file == NULL)
+            o.auth_key_file = getenv("GIFT_AUTH_KEY_FILE");
+        if (o.auth_key_file == NULL ||
+            gift_auth_key_load(o.auth_key_file, &key, err, sizeof err, warn, sizeof warn) < 0) {
+            fprintf(stderr, "giftctl: rank-key: %s\n",
+                    o.auth_key_file ? err : "needs the shared secret (--auth-key-file)");
+            return EXIT_USAGE;
+        }
+        if (key.rank_bound) {
+            fprintf(stderr, "giftctl: rank-key: %s is a rank key, not the shared secret\n",
+                    o.auth_key_file);
+            gift_auth_key_clear(&key);
+            return EXIT_USAGE;
+        }
+        gift_auth_rank_key_format(&key, (uint32_t)r, text, sizeof text);
+        gift_auth_key_clear(&key);
+        fputs(text, stdout);
+        return ferror(stdout) ? 1 : 0;
     }
     if (optind != argc - 1) {
         fprintf(stderr, "giftctl: %s\n", optind >= argc ? "no command" : "one command only");

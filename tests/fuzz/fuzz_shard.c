@@ -12,8 +12,26 @@
  *                 2: one second passes (gift_shard_tick);
  *                 3: every write in flight completes (payload references
  *                    are dropped).
- * The shard takes its world size from the first Hello and has small limits
- * (64 KiB frames, 8 parked pulls, 1 s stall warning, 2 s stall timeout).
+ *   c & 0x10 with a feed: a sequence record instead of raw bytes. The
+ *                 harness builds the frame from a few little-endian fields
+ *                 (fields past the input's end are 0) and feeds it: so that
+ *                 sizes and indices at their boundaries (rows, cols, chunk
+ *                 ids, row offsets, steps, epochs, ranks) reach a Declare and
+ *                 the pushes that follow it without the fuzzer having to
+ *                 learn protobuf. A type byte t, then by t % 4:
+ *                 0 Hello: u16 rank, u16 world.
+ *                 1 Declare: u8 tensors (1..3), each u32 rows, u32 cols, u8
+ *                   flags (bit 0 geometry, bits 1-3 push format, 4-6 pull
+ *                   format, 7 pull error feedback), u32 rank, u32 basis; u8
+ *                   chunks (0..8), each u8 key, u32 id, u32 row_begin, u32 rows.
+ *                 2 Push, 3 Pull: u8 sel; sel < 128 names a chunk of the last
+ *                   Declare (its payload sized from the declaration), else
+ *                   u32 key, u32 chunk (and for a push u16 payload bytes);
+ *                   then the step (sel & 64: u64, else u8), the epoch (sel &
+ *                   32: u32, else 0), for a push u8 fill byte.
+ * The shard takes its world size from the first Declare and has small limits
+ * (64 KiB frames, 8 parked pulls, 64 MiB max_memory, 1 s stall warning, 2 s
+ * stall timeout).
  *
  * The fake io checks what the shard sends (a well-formed preamble and an
  * Envelope that unpacks, a payload slice inside its buffer), that nothing is
@@ -27,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gift_codec.h"
 #include "gift_proto.h"
 #include "log.h"
 #include "shard.h"
@@ -166,6 +185,163 @@ static void peer_feed(fake_t *fp, const uint8_t *data, size_t n)
     }
 }
 
+/* Sequence records: a cursor whose reads past the end give zeros. */
+typedef struct cur {
+    const uint8_t *d;
+    size_t n, pos;
+} cur_t;
+
+static uint64_t take(cur_t *c, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++, c->pos++)
+        if (c->pos < c->n)
+            v |= (uint64_t)c->d[c->pos] << (8 * i);
+    return v;
+}
+
+/* The last Declare built, for pushes sized from it. */
+#define SEQ_T 3
+#define SEQ_C 8
+static Gift__TensorDecl seq_t[SEQ_T];
+static Gift__TensorDecl *seq_tp[SEQ_T];
+static Gift__Codec seq_codec[2 * SEQ_T];
+static Gift__ChunkDecl seq_c[SEQ_C];
+static Gift__ChunkDecl *seq_cp[SEQ_C];
+static size_t seq_nt, seq_nc;
+static uint8_t seq_payload[64 * 1024];
+
+static const Gift__Format seq_fmt[5] = {
+    GIFT__FORMAT__FORMAT_F32, GIFT__FORMAT__FORMAT_BF16, GIFT__FORMAT__FORMAT_FP8_E4M3,
+    GIFT__FORMAT__FORMAT_FP8_E5M2, GIFT__FORMAT__FORMAT_NVFP4};
+
+/* Bytes of a push of chunk i of the last Declare (0 when it cannot be sent). */
+static size_t seq_push_len(size_t i)
+{
+    const Gift__ChunkDecl *ch = seq_cp[i];
+    const Gift__TensorDecl *t;
+    gift_codec_params_t p = {0};
+    gift_layout_t l;
+    uint64_t n;
+    if (ch->key >= seq_nt)
+        return 0;
+    t = seq_tp[ch->key];
+    n = (uint64_t)ch->rows * t->cols;
+    p.fmt = (gift_format_t)t->push_codec->format;
+    if (n == 0 || n > sizeof seq_payload || gift_layout(&p, (size_t)n, &l) < 0 ||
+        l.total > sizeof seq_payload)
+        return 0;
+    return l.total;
+}
+
+/* Builds the frame of one sequence record from c and feeds it to fp. */
+static void seq_record(fake_t *fp, cur_t *c)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Hello h = GIFT__HELLO__INIT;
+    Gift__Declare d = GIFT__DECLARE__INIT;
+    Gift__Push pu = GIFT__PUSH__INIT;
+    Gift__Pull pl = GIFT__PULL__INIT;
+    Gift__Codec codec = GIFT__CODEC__INIT;
+    uint8_t head[8192], dg[8];
+    size_t plen = 0;
+    long n;
+    int type = (int)(take(c, 1) % 4);
+
+    if (type == 0) {
+        h.protocol_version = GIFT_PROTOCOL_VERSION;
+        h.rank = (uint32_t)take(c, 2);
+        h.world_size = (uint32_t)take(c, 2);
+        env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
+        env.hello = &h;
+    } else if (type == 1) {
+        seq_nt = 1 + take(c, 1) % SEQ_T;
+        for (size_t i = 0; i < seq_nt; i++) {
+            Gift__TensorDecl *t = &seq_t[i];
+            unsigned flags;
+            gift__tensor_decl__init(t);
+            gift__codec__init(&seq_codec[2 * i]);
+            gift__codec__init(&seq_codec[2 * i + 1]);
+            t->key = (uint32_t)i;
+            t->name = (char *)"t";
+            t->rows = (uint32_t)take(c, 4);
+            t->cols = (uint32_t)take(c, 4);
+            flags = (unsigned)take(c, 1);
+            t->geometry = flags & 1;
+            seq_codec[2 * i].format = seq_fmt[((flags >> 1) & 7) % 5];
+            seq_codec[2 * i + 1].format = seq_fmt[((flags >> 4) & 7) % 5];
+            t->push_codec = &seq_codec[2 * i];
+            t->pull_codec = &seq_codec[2 * i + 1];
+            t->pull_error_feedback = (flags >> 7) & 1;
+            t->rank = (uint32_t)take(c, 4);
+            t->basis_cols = (uint32_t)take(c, 4);
+            seq_tp[i] = t;
+        }
+        seq_nc = take(c, 1) % (SEQ_C + 1);
+        for (size_t i = 0; i < seq_nc; i++) {
+            Gift__ChunkDecl *ch = &seq_c[i];
+            gift__chunk_decl__init(ch);
+            ch->key = (uint32_t)take(c, 1);
+            ch->chunk = (uint32_t)take(c, 4);
+            ch->row_begin = (uint32_t)take(c, 4);
+            ch->rows = (uint32_t)take(c, 4);
+            seq_cp[i] = ch;
+        }
+        gift_digest_bytes(gift_digest_tensors(seq_tp, seq_nt), dg);
+        d.tensors = seq_tp;
+        d.n_tensors = seq_nt;
+        d.chunks = seq_cp;
+        d.n_chunks = seq_nc;
+        d.digest.data = dg;
+        d.digest.len = 8;
+        env.msg_case = GIFT__ENVELOPE__MSG_DECLARE;
+        env.declare = &d;
+    } else {
+        unsigned sel = (unsigned)take(c, 1);
+        uint32_t key, chunk;
+        uint64_t step;
+        if (sel < 128 && seq_nc > 0) {
+            size_t i = sel % seq_nc;
+            key = seq_cp[i]->key;
+            chunk = seq_cp[i]->chunk;
+            plen = seq_push_len(i);
+            if (key < seq_nt)
+                codec.format = seq_tp[key]->push_codec->format;
+        } else {
+            key = (uint32_t)take(c, 4);
+            chunk = (uint32_t)take(c, 4);
+            if (type == 2)
+                plen = (size_t)take(c, 2);
+        }
+        step = take(c, (sel & 64) ? 8 : 1);
+        if (type == 2) {
+            pu.key = key;
+            pu.chunk = chunk;
+            pu.step = step;
+            pu.epoch = (sel & 32) ? (uint32_t)take(c, 4) : 0;
+            pu.codec = &codec;
+            pu.seq = ++next_id;
+            memset(seq_payload, (int)take(c, 1), plen);
+            env.msg_case = GIFT__ENVELOPE__MSG_PUSH;
+            env.push = &pu;
+        } else {
+            pl.key = key;
+            pl.chunk = chunk;
+            pl.step = step;
+            pl.have_epoch = (sel & 32) ? (uint32_t)take(c, 4) : 0;
+            pl.seq = ++next_id;
+            env.msg_case = GIFT__ENVELOPE__MSG_PULL;
+            env.pull = &pl;
+            plen = 0;
+        }
+    }
+    if ((n = gift_frame_pack_head(&env, plen, head, sizeof head)) < 0)
+        return;
+    peer_feed(fp, head, (size_t)n);
+    if (plen > 0)
+        peer_feed(fp, seq_payload, plen);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -181,12 +357,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     o.world_size = 0;
     o.max_frame_bytes = 64 * 1024;
     o.max_parked = 8;
+    /* A small budget: a Declare of a large world (ordered aggregation keeps
+     * world pushes per chunk) is refused fast instead of committing GiBs. */
+    o.max_memory = 64ull << 20;
     o.hits_every = 1;
     o.stall_warn_s = 1;
     o.stall_timeout_s = 2;
     now = 1000000000ull;
     next_id = 0;
     nrefs = 0;
+    seq_nt = seq_nc = 0;
     S = gift_shard_new(&o, &IO);
     check(S != NULL);
     for (int i = 0; i < NPEER; i++)
@@ -197,6 +377,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         switch ((c >> 2) & 3) {
         case 0: {
             size_t n;
+            if (c & 0x10) {
+                cur_t cu = {data, size, pos};
+                seq_record(fp, &cu);
+                pos = cu.pos < size ? cu.pos : size;
+                break;
+            }
             if (size - pos < 2) {
                 pos = size;
                 break;

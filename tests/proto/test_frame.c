@@ -836,9 +836,9 @@ START_TEST(test_handshake_no_payload)
         put_preamble(pre, "GIF1", (uint32_t)n - 16, 60ull << 20);
         ck_assert_int_eq(gift_reader_feed(rd, pre, sizeof pre), 0);
         rc = gift_reader_feed(rd, big, 1u << 20);
-        ck_assert_msg(rc == GIFT_EFRAMESIZE, "payload in frame 2 = %d (%s)", rc,
+        ck_assert_msg(rc == GIFT_EPROTO, "payload in frame 2 = %d (%s)", rc,
                       gift_strerror(rc));
-        ck_assert_int_eq(gift_reader_next(rd, &f), GIFT_EFRAMESIZE);
+        ck_assert_int_eq(gift_reader_next(rd, &f), GIFT_EPROTO);
         ck_assert_msg(gift__reader_capacity(rd) <= GIFT__READER_MIN_CAP, "buffer grew to %zu",
                       gift__reader_capacity(rd));
     }

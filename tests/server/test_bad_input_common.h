@@ -192,14 +192,21 @@ static inline void raw_expect_eof(raw_t *c, const char *what)
     ck_assert_msg(rc == 0, "%s: expected the shard to close, got %s", what, raw_desc(c, rc));
 }
 
-/* The next frame is Error{code, fatal}; a fatal one is followed by EOF. */
-static inline void raw_expect_error(raw_t *c, int code, int fatal, const char *what)
+/* The next frame is Error{code, fatal} (in c->f); the close that follows a
+ * fatal one is left to the caller. */
+static inline void raw_expect_error_frame(raw_t *c, int code, int fatal, const char *what)
 {
     int rc = raw_recv(c);
     ck_assert_msg(rc == 1 && c->f.env->msg_case == GIFT__ENVELOPE__MSG_ERROR &&
                       c->f.env->error->code == code && c->f.env->error->fatal == (fatal != 0),
                   "%s: expected error %d (%s)%s, got %s", what, code, gift_strerror(code),
                   fatal ? " fatal" : "", raw_desc(c, rc));
+}
+
+/* The next frame is Error{code, fatal}; a fatal one is followed by EOF. */
+static inline void raw_expect_error(raw_t *c, int code, int fatal, const char *what)
+{
+    raw_expect_error_frame(c, code, fatal, what);
     if (fatal)
         raw_expect_eof(c, what);
 }
@@ -263,7 +270,7 @@ static inline void raw_hello_auth(raw_t *c, const gift_auth_key_t *key, uint32_t
     raw_hello_mac(key, sn, rank, world, cn, mac);
     raw_send_hello(c, rank, world, cn, mac);
     f = raw_expect(c, GIFT__ENVELOPE__MSG_HELLO_ACK, "authenticated hello");
-    gift_auth_ack_mac(key, sn, cn, mac, want);
+    gift_auth_ack_mac(key, rank, sn, cn, mac, want);
     ck_assert_msg(gift_auth_verify(f->env->hello_ack->auth_mac.data,
                                    f->env->hello_ack->auth_mac.len, want) == 0,
                   "the HelloAck's MAC (%zu bytes) does not prove the key",

@@ -963,7 +963,9 @@ START_TEST(test_hello_ack)
                   a->max_frame_bytes);
     ck_assert_msg(a->server_version && strcmp(a->server_version, GIFT_CODEC_VERSION) == 0,
                   "server_version %s", a->server_version ? a->server_version : "(null)");
-    ck_assert_msg(gift_shard_world_size(S) == W, "world %u", gift_shard_world_size(S));
+    /* A Hello alone does not fix the world size: the first Declare does. */
+    ck_assert_msg(gift_shard_world_size(S) == 0, "world %u after a Hello",
+                  gift_shard_world_size(S));
     ck_assert_msg(C()->peers == NPEER, "peers %u", C()->peers);
     ck_assert(gift_shard_ready(S) == 1);
     QUIET_ALL();
@@ -1001,6 +1003,15 @@ START_TEST(test_hello_world)
     rc = hello_raw(&P[3], GIFT_PROTOCOL_VERSION, W, W, NULL, 0);
     ck_assert_msg(rc == GIFT_EWORLD, "rank %d of %d: rc %d", W, W, rc);
     EXPECT_ERROR(&P[3], GIFT_EWORLD, 1);
+    /* Before a Declare a Hello of another world size is taken, and refused
+     * once the peer acts as its rank after P[2]'s Declare fixed W. */
+    HELLO(&P[6], 1, 2 * W);
+    DECLARE_OK(&P[2], STD_T, STD_NT, STD_C, STD_NC);
+    ck_assert_msg(gift_shard_world_size(S) == W, "world %u after the Declare",
+                  gift_shard_world_size(S));
+    rc = declare_raw(&P[6], STD_T, STD_NT, STD_C, STD_NC, 0, 0);
+    ck_assert_msg(rc == GIFT_EWORLD, "declare from a Hello of world %d: rc %d", 2 * W, rc);
+    EXPECT_ERROR(&P[6], GIFT_EWORLD, 1);
     /* world mismatch between peers */
     rc = hello_raw(&P[4], GIFT_PROTOCOL_VERSION, 1, 2 * W, NULL, 0);
     ck_assert_msg(rc == GIFT_EWORLD, "world %d after %d: rc %d", 2 * W, W, rc);
@@ -1008,10 +1019,11 @@ START_TEST(test_hello_world)
     rc = hello_raw(&P[5], GIFT_PROTOCOL_VERSION, 0, 1, NULL, 0);
     ck_assert_msg(rc == GIFT_EWORLD, "world 1 after %d: rc %d", W, rc);
     EXPECT_ERROR(&P[5], GIFT_EWORLD, 1);
-    /* The same rank on a second connection is allowed (a reconnect). */
-    HELLO(&P[6], 3, W);
+    /* The same rank on a second connection may say Hello (one that acts as
+     * the rank while the first is live is refused: test_hostile_rank). */
+    HELLO(&P[7], 3, W);
     ck_assert_msg(gift_shard_world_size(S) == W, "world %u", gift_shard_world_size(S));
-    EXPECT_ERRORS(1, GIFT_EWORLD, 5);
+    EXPECT_ERRORS(1, GIFT_EWORLD, 6);
     QUIET_ALL();
 }
 END_TEST
@@ -1402,6 +1414,71 @@ START_TEST(test_declare_chunk_id_bounds)
 }
 END_TEST
 
+/* max_memory: a Declare needing more is refused before anything is
+ * allocated, naming the figure; a small one is taken and its bytes counted. */
+START_TEST(test_declare_memory_budget)
+{
+    static const tdesc_t big[1] = {{0, "big", 1024, 1024, F32, 0, F32, 0, 0, 0, 0, 0, 0}};
+    static const cdesc_t bigc[1] = {{0, 0, 0, 1024}};
+    gift_shard_opts_t o = O;
+    const Gift__Error *e;
+    o.max_memory = 1u << 20;
+    reopen(&o);
+    hello_all();
+    ck_assert_int_eq(declare_raw(&P[0], big, 1, bigc, 1, 0, 0), 0);
+    e = expect_error_at(&P[0], GIFT_ENOMEM, 0, __LINE__);
+    ck_assert_msg(strstr(e->text, "max_memory is 1048576 bytes") != NULL &&
+                      strstr(e->text, "--max-memory") != NULL,
+                  "budget error text: %s", e->text);
+    ck_assert_msg(gift_shard_tensor_count(S) == 0 && gift_shard_world_size(S) == 0 &&
+                      gift_shard_memory_committed(S) == 0,
+                  "a refused declare kept %zu tensors, world %u, %" PRIu64 " bytes",
+                  gift_shard_tensor_count(S), gift_shard_world_size(S),
+                  gift_shard_memory_committed(S));
+    DECLARE_OK(&P[0], STD_T, STD_NT, STD_C, STD_NC);
+    ck_assert_msg(gift_shard_memory_committed(S) > 0 &&
+                      gift_shard_memory_committed(S) <= o.max_memory,
+                  "committed %" PRIu64 " bytes", gift_shard_memory_committed(S));
+    EXPECT_ERRORS(1, GIFT_ENOMEM, 1);
+}
+END_TEST
+
+/* One connection may park at most max_parked_per_peer pulls; others still park. */
+START_TEST(test_park_share)
+{
+    gift_shard_opts_t o = O;
+    float x[7 * 13] = {0};
+    o.max_parked_per_peer = 3;
+    reopen(&o);
+    fx_std_declare();
+    push_ok_at(&P[1], 0, 0, 0, 0, x, 0, __LINE__);
+    for (int i = 0; i < 3; i++)
+        PULL(&P[0], 0, 0, 0);
+    PULL_ERR(&P[0], 0, 0, 0, GIFT_EBUSY);
+    PULL(&P[2], 0, 0, 0);
+    EXPECT_QUIET(&P[2]);
+    EXPECT_ERRORS(1, GIFT_EBUSY, 1);
+}
+END_TEST
+
+/* One live connection per rank (no authentication): a second connection
+ * acting as rank 1 is refused; once the first is gone, it may. */
+START_TEST(test_rank_one_connection)
+{
+    float x[7 * 13] = {0};
+    int rc;
+    HELLO(&P[4], 1, W);
+    rc = push_x(&P[4], 0, 0, 0, 0, x);
+    ck_assert_msg(rc == GIFT_EBUSY, "push from a second connection of rank 1: rc %d", rc);
+    EXPECT_ERROR(&P[4], GIFT_EBUSY, 1);
+    push_ok_at(&P[1], 0, 0, 0, 0, x, 0, __LINE__);
+    peer_gone(&P[1]);
+    HELLO(&P[5], 1, W);
+    push_ok_at(&P[5], 0, 0, 0, 0, x, 1, __LINE__); /* a replay: acknowledged, ignored */
+    EXPECT_ERRORS(1, GIFT_EBUSY, 1);
+}
+END_TEST
+
 START_TEST(test_before_declare)
 {
     float x[7 * 13] = {0};
@@ -1670,9 +1747,13 @@ START_TEST(test_duplicates)
         PUSH_GRAD(&P[1], key, 0, 0, 1, 0);
         PUSH_GRAD(&P[2], key, 0, 0, 2, 0);
         PUSH_DUP(&P[2], key, 0, 0, 2, 0);
-        /* The same rank on a second connection (a reconnect). */
-        HELLO(&P[4 + key], 1, W);
-        PUSH_DUP(&P[4 + key], key, 0, 0, 1, 98);
+        /* The same rank on a second connection (a reconnect, once the old
+         * one is gone: one live connection per rank). */
+        peer_gone(&P[1]);
+        peer_open(1);
+        P[1].gone = 0;
+        HELLO(&P[1], 1, W);
+        PUSH_DUP(&P[1], key, 0, 0, 1, 98);
         /* A duplicate for base + 1 before anything finished. */
         PUSH_GRAD(&P[3], key, 0, 1, 3, 1);
         PUSH_DUP(&P[3], key, 0, 1, 3, 97);
@@ -1684,7 +1765,7 @@ START_TEST(test_duplicates)
         EXPECT_BYTES(rep, ref, rlen);
         /* After the step finished: still a duplicate, the kept reply unchanged. */
         PUSH_DUP(&P[1], key, 0, 0, 1, 96);
-        PUSH_DUP(&P[4 + key], key, 0, 0, 1, 0);
+        PUSH_DUP(&P[1], key, 0, 0, 1, 0);
         seq[1] = PULL(&P[1], key, 0, 0);
         {
             sent_t *r2 = EXPECT_REPLY(&P[1], key, 0, 0, 0, seq[1]);
@@ -2788,15 +2869,19 @@ START_TEST(test_bug_refused_first_push_sets_base)
 }
 END_TEST
 
-/* A Hello that is refused must not fix the world size of a shard that takes
- * it from the first Hello. */
+/* A Hello that is refused must not fix the world size (no Hello does now:
+ * the first Declare does). */
 START_TEST(test_bug_refused_hello_sets_world)
 {
     int rc = hello_raw(&P[0], GIFT_PROTOCOL_VERSION, 9, 8, NULL, 0); /* rank 9 of 8 */
     ck_assert_int_eq(rc, GIFT_EWORLD);
     EXPECT_ERROR(&P[0], GIFT_EWORLD, 1);
     rc = hello_raw(&P[1], GIFT_PROTOCOL_VERSION, 0, W, NULL, 0);
-    ck_assert_msg(rc == 0 && gift_shard_world_size(S) == W,
+    ck_assert_int_eq(rc, 0);
+    (void)take_at(&P[1], GIFT__ENVELOPE__MSG_HELLO_ACK, __LINE__);
+    /* No Hello fixes the world size any more; the first Declare does. */
+    DECLARE_OK(&P[1], STD_T, STD_NT, STD_C, STD_NC);
+    ck_assert_msg(gift_shard_world_size(S) == W,
                   "a correct hello (world %d) after a refused one (world 8): rc %d, shard world %u",
                   W, rc, gift_shard_world_size(S));
 }
@@ -3676,6 +3761,7 @@ static Suite *shard_suite(void)
     tcase_add_test(declare, test_declare_differs);
     tcase_add_test(declare, test_declare_invalid);
     tcase_add_test(declare, test_declare_chunk_id_bounds);
+    tcase_add_test(declare, test_declare_memory_budget);
     tcase_add_test(declare, test_before_declare);
     suite_add_tcase(s, declare);
 
@@ -3684,6 +3770,8 @@ static Suite *shard_suite(void)
     tcase_add_test(sync, test_sync_all_orders);
     tcase_add_test(sync, test_reply_buffer_reuse);
     tcase_add_test(sync, test_duplicates);
+    tcase_add_test(sync, test_park_share);
+    tcase_add_test(sync, test_rank_one_connection);
     tcase_add_test(sync, test_step_window);
     tcase_add_test(sync, test_pipelining);
     tcase_add_test(sync, test_stall);
