@@ -59,25 +59,11 @@
 #include <stdint.h>
 
 #include "gift_proto.h"
+#include "rbuf.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* A reference-counted byte buffer: reply payloads shared by every pull of a
- * step and by the writes that carry them. */
-typedef struct gift_rbuf {
-    uint32_t refs;
-    size_t len; /* bytes in use */
-    size_t cap;
-    uint8_t *data;
-} gift_rbuf_t;
-
-/* Allocates a buffer of cap bytes with one reference. NULL when out of memory. */
-gift_rbuf_t *gift_rbuf_new(size_t cap);
-void gift_rbuf_ref(gift_rbuf_t *b);
-/* Drops a reference; frees the buffer with the last one. NULL is allowed. */
-void gift_rbuf_unref(gift_rbuf_t *b);
 
 /* What the shard needs from the I/O layer. */
 typedef struct gift_shard_io {
