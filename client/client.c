@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client_internal.h"
+#include "giftclient_internal.h"
 
 const char *gift_version(void)
 {
@@ -29,120 +29,22 @@ const char *gift_version(void)
 }
 
 /* ------------------------------------------------------------------ */
-/* Hand-over to the I/O thread                                           */
+/* Hand-over to the I/O thread (the mailbox is mailbox.c's)              */
 /* ------------------------------------------------------------------ */
 
-static int on_io_thread(const gift_client_t *c)
-{
-    return c->thread_started && pthread_equal(pthread_self(), c->thread);
-}
-
+/* Queues a command and wakes the I/O thread. */
 static void submit(gift_client_t *c, gift__cmd_t *cmd)
 {
-    pthread_mutex_lock(&c->mu);
-    cmd->next = NULL;
-    cmd->done = 0;
-    cmd->rc = 0;
-    if (c->subq_tail)
-        c->subq_tail->next = cmd;
-    else
-        c->subq_head = cmd;
-    c->subq_tail = cmd;
-    pthread_mutex_unlock(&c->mu);
-    gift__net_wake(c);
+    gift__cmd_put(c, cmd);
+    c->io->wake(c);
 }
 
 /* Submits a command and waits for the I/O thread to finish it. The engine
  * enforces the command's deadline, so the wait ends. */
 static int run_cmd(gift_client_t *c, gift__cmd_t *cmd)
 {
-    int rc;
     submit(c, cmd);
-    pthread_mutex_lock(&c->mu);
-    while (!cmd->done)
-        pthread_cond_wait(&c->cv, &c->mu);
-    rc = cmd->rc;
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-}
-
-gift__cmd_t *gift__take_commands(gift_client_t *c)
-{
-    gift__cmd_t *l;
-    pthread_mutex_lock(&c->mu);
-    l = c->subq_head;
-    c->subq_head = c->subq_tail = NULL;
-    pthread_mutex_unlock(&c->mu);
-    return l;
-}
-
-void gift__cmd_done(gift_client_t *c, gift__cmd_t *cmd, int rc)
-{
-    pthread_mutex_lock(&c->mu);
-    cmd->rc = rc;
-    cmd->done = 1;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void op_release_locked(gift_client_t *c, gift_op_t *op)
-{
-    op->pooled = 1;
-    op->next = c->free_ops;
-    c->free_ops = op;
-}
-
-void gift__op_complete(gift_client_t *c, gift_op_t *op)
-{
-    gift_op_cb cb = op->cb;
-    void *arg = op->arg;
-    int status = op->status;
-
-    pthread_mutex_lock(&c->mu);
-    op->done = 1;
-    op->in_cb = cb != NULL;
-    if (cb == NULL && op->free_req)
-        op_release_locked(c, op);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    if (cb == NULL)
-        return;
-    cb(op, status, arg);
-    pthread_mutex_lock(&c->mu);
-    op->in_cb = 0;
-    if (op->free_req)
-        op_release_locked(c, op);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* Takes an operation from the pool (or allocates one, once). */
-static gift_op_t *op_alloc(gift_client_t *c)
-{
-    gift_op_t *op;
-    pthread_mutex_lock(&c->mu);
-    if ((op = c->free_ops) != NULL) {
-        c->free_ops = op->next;
-    } else if ((op = calloc(1, sizeof *op)) != NULL) {
-        if (c->nall_ops == c->all_ops_cap) {
-            size_t ncap = c->all_ops_cap ? 2 * c->all_ops_cap : 64;
-            gift_op_t **n = realloc(c->all_ops, ncap * sizeof *n);
-            if (n == NULL) {
-                free(op);
-                pthread_mutex_unlock(&c->mu);
-                return NULL;
-            }
-            c->all_ops = n;
-            c->all_ops_cap = ncap;
-        }
-        c->all_ops[c->nall_ops++] = op;
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (op == NULL)
-        return NULL;
-    memset(op, 0, sizeof *op);
-    op->c = c;
-    return op;
+    return gift__cmd_wait(c, cmd);
 }
 
 /* ------------------------------------------------------------------ */
@@ -158,7 +60,7 @@ static int start_op(gift_client_t *c, uint32_t id, uint64_t step, const float *g
         *opp = NULL;
     if (c == NULL || opp == NULL || !c->declared || id >= c->nmem || (grad == NULL && out == NULL))
         return GIFT_EINVAL;
-    if ((op = op_alloc(c)) == NULL)
+    if ((op = gift__op_alloc(c)) == NULL)
         return GIFT_ENOMEM;
     op->cb = cb;
     op->arg = arg;
@@ -179,7 +81,7 @@ static int start_op(gift_client_t *c, uint32_t id, uint64_t step, const float *g
         r->op = op;
     }
     op->parts_left = op->nreq;
-    op->deadline_ns = gift__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    op->deadline_ns = c->io->now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
     op->cmd.kind = GIFT__CMD_OP;
     op->cmd.op = op;
     *opp = op;
@@ -232,7 +134,7 @@ int gift_sketch_inputs(gift_client_t *c, uint32_t id, uint64_t step, const float
         return GIFT_EINVAL;
     memset(&cmd, 0, sizeof cmd);
     cmd.kind = GIFT__CMD_SKETCH;
-    cmd.deadline_ns = gift__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    cmd.deadline_ns = c->io->now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
     cmd.req.kind = GIFT__REQ_SKETCH;
     cmd.req.cmd = &cmd;
     cmd.req.id = id;
@@ -240,64 +142,6 @@ int gift_sketch_inputs(gift_client_t *c, uint32_t id, uint64_t step, const float
     cmd.req.in = X;
     cmd.req.n = n;
     return run_cmd(c, &cmd);
-}
-
-int gift_op_wait(gift_op_t *op)
-{
-    gift_client_t *c;
-    int st;
-    if (op == NULL)
-        return GIFT_EINVAL;
-    c = op->c;
-    pthread_mutex_lock(&c->mu);
-    if (on_io_thread(c) && !op->done) {
-        /* Waiting for an op on the thread that completes it cannot end. */
-        pthread_mutex_unlock(&c->mu);
-        return GIFT_EINVAL;
-    }
-    while (!op->done || (op->in_cb && !on_io_thread(c)))
-        pthread_cond_wait(&c->cv, &c->mu);
-    st = op->status;
-    pthread_mutex_unlock(&c->mu);
-    return st;
-}
-
-int gift_op_test(gift_op_t *op, int *status)
-{
-    int done;
-    if (op == NULL)
-        return 0;
-    pthread_mutex_lock(&op->c->mu);
-    done = op->done;
-    if (done && status)
-        *status = op->status;
-    pthread_mutex_unlock(&op->c->mu);
-    return done;
-}
-
-void gift_op_free(gift_op_t *op)
-{
-    gift_client_t *c;
-    if (op == NULL)
-        return;
-    c = op->c;
-    pthread_mutex_lock(&c->mu);
-    if (op->pooled) {
-        pthread_mutex_unlock(&c->mu);
-        return;
-    }
-    if (on_io_thread(c)) {
-        if (!op->done || op->in_cb)
-            op->free_req = 1; /* freed once its callback returns */
-        else
-            op_release_locked(c, op);
-        pthread_mutex_unlock(&c->mu);
-        return;
-    }
-    while (!op->done || op->in_cb)
-        pthread_cond_wait(&c->cv, &c->mu);
-    op_release_locked(c, op);
-    pthread_mutex_unlock(&c->mu);
 }
 
 void gift_client_stats(gift_client_t *c, gift_client_stats_t *out)
@@ -427,9 +271,7 @@ static void client_free(gift_client_t *c)
             free(c->decl_head[i]);
     free(c->decl_head);
     free(c->decl_len);
-    for (size_t i = 0; i < c->nall_ops; i++)
-        free(c->all_ops[i]);
-    free(c->all_ops);
+    gift__ops_free(c);
     free(c->conns);
     free(c->addrs);
     gift_auth_key_clear(c->auth);
@@ -439,11 +281,10 @@ static void client_free(gift_client_t *c)
     free(c);
 }
 
-int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
+int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
 {
     gift_client_opts_t o;
     gift_client_t *c;
-    gift__cmd_t cmd;
     const char *v;
     long rank, world;
     int rc;
@@ -504,20 +345,36 @@ int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
     rc = GIFT_ENOMEM;
     if ((c->conns = calloc(c->nshards, sizeof *c->conns)) == NULL)
         goto fail;
-    if ((rc = gift__net_start(c)) < 0)
-        goto fail;
+    *out = c;
+    return 0;
+fail:
+    client_free(c);
+    return rc;
+}
+
+int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
+{
+    gift_client_t *c;
+    gift__cmd_t cmd;
+    int rc;
+
+    if ((rc = gift__client_new(opts, out)) < 0)
+        return rc;
+    c = *out;
+    *out = NULL;
+    if ((rc = gift__net_start(c)) < 0) {
+        client_free(c);
+        return rc;
+    }
     memset(&cmd, 0, sizeof cmd);
     cmd.kind = GIFT__CMD_CONNECT;
-    cmd.deadline_ns = gift__now_ns() + (uint64_t)c->connect_timeout_ms * 1000000ull;
+    cmd.deadline_ns = c->io->now_ns() + (uint64_t)c->connect_timeout_ms * 1000000ull;
     if ((rc = run_cmd(c, &cmd)) < 0) {
         gift_client_close(c);
         return rc;
     }
     *out = c;
     return 0;
-fail:
-    client_free(c);
-    return rc;
 }
 
 void gift_client_close(gift_client_t *c)
@@ -728,14 +585,13 @@ out:
     return rc;
 }
 
-int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
+int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
 {
     gift_tensor_desc_t *d = NULL;
     fuse_class_t *cls = NULL;
     size_t ncls = 0;
     gift_plan_tensor_t *pt = NULL;
     gift_plan_t plan;
-    gift__cmd_t cmd;
     uint64_t max_frame = UINT64_MAX;
     int rc = GIFT_EINVAL, planned = 0;
 
@@ -955,21 +811,29 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
         if ((rc = wire_alloc(c, w)) < 0)
             goto out;
     }
-    if ((rc = build_declares(c)) < 0)
-        goto out;
-
-    c->declared = 1;
-    memset(&cmd, 0, sizeof cmd);
-    cmd.kind = GIFT__CMD_DECLARE;
-    cmd.deadline_ns = gift__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
-    rc = run_cmd(c, &cmd);
-    if (rc < 0)
-        c->declared = 0; /* no operation may start; the buffers go at close */
+    rc = build_declares(c);
 out:
     if (planned)
         gift_plan_free(&plan);
     free(pt);
     free(cls);
     free(d);
+    return rc;
+}
+
+int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
+{
+    gift__cmd_t cmd;
+    int rc;
+
+    if ((rc = gift__declare_build(c, tensors, n)) < 0)
+        return rc;
+    c->declared = 1;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.kind = GIFT__CMD_DECLARE;
+    cmd.deadline_ns = c->io->now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    rc = run_cmd(c, &cmd);
+    if (rc < 0)
+        c->declared = 0; /* no operation may start; the buffers go at close */
     return rc;
 }

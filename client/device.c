@@ -26,7 +26,7 @@
  * charged to the operation that caused it, never to a neighbour. The GPU
  * reports through host functions (gift_gpu_push_chunk's callback per chunk,
  * gift_gpu_notify at the end of a pull job): ready_cb only stores the status
- * and wakes the loop (uv_async_send through gift__net_wake); the loop then
+ * and wakes the loop (uv_async_send through c->io->wake); the loop then
  * sends each chunk as it becomes ready (gift__dev_poll), in the engine's
  * usual priority order.
  */
@@ -40,7 +40,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "client_internal.h"
+#include "giftclient_internal.h"
 #include "gift_gpu.h"
 
 enum { JOB_PUSH = 1, JOB_PULL = 2 };
@@ -136,7 +136,7 @@ static void ready_cb(void *arg, int status)
     dev_report_t *r = arg;
     r->st = status;
     __atomic_store_n(&r->fired, 1, __ATOMIC_RELEASE);
-    gift__net_wake(r->c);
+    r->c->io->wake(r->c);
 }
 
 static int fired(dev_report_t *r)

@@ -6,7 +6,7 @@
  */
 #include <stdio.h>
 
-#include "client_internal.h"
+#include "giftclient_internal.h"
 
 int gift__dev_available(int device, const char *name)
 {

@@ -2,7 +2,8 @@
  * engine.c: what libgiftclient's I/O thread does, without sockets. Every
  * function here runs on the I/O thread; net.c calls in with frames,
  * connection events, the end of each loop turn and a periodic tick, and this
- * file calls gift__net_queue to send.
+ * file reaches the network only through the client's gift__io_t table
+ * (c->io->queue to send), which net.c fills and tests fake.
  *
  * Requests (one step of one member: push, pull or sketch) wait in their
  * member's FIFO until they can start, so a member's requests start in the
@@ -36,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_internal.h"
+#include "giftclient_internal.h"
 
 /* ------------------------------------------------------------------ */
 /* Lists                                                                 */
@@ -276,7 +277,7 @@ static int queue_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, gif
     m.seq = next_seq(c, GIFT__SEQ_PUSH);
     env.msg_case = GIFT__ENVELOPE__MSG_PUSH;
     env.push = &m;
-    return gift__net_queue(c, ch->shard, &env, ps->payload + ch->push_off, ch->push_l.total,
+    return c->io->queue(c, ch->shard, &env, ps->payload + ch->push_off, ch->push_l.total,
                            w->push_prio, &ps->inflight);
 }
 
@@ -318,7 +319,7 @@ static void send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *
         m.seq = next_seq(c, GIFT__SEQ_PULL);
         env.msg_case = GIFT__ENVELOPE__MSG_PULL;
         env.pull = &m;
-        if (gift__net_queue(c, ch->shard, &env, NULL, 0, w->pull_prio, NULL) == 0)
+        if (c->io->queue(c, ch->shard, &env, NULL, 0, w->pull_prio, NULL) == 0)
             pl->sent[j] = 1;
     }
 }
@@ -335,7 +336,7 @@ static void send_geo_request(gift_client_t *c, gift__wire_t *w)
     m.seq = next_seq(c, GIFT__SEQ_GEO);
     env.msg_case = GIFT__ENVELOPE__MSG_GEOMETRY_REQUEST;
     env.geometry_request = &m;
-    if (gift__net_queue(c, s, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) == 0)
+    if (c->io->queue(c, s, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) == 0)
         w->fetch_sent = 1;
 }
 
@@ -355,7 +356,7 @@ static void send_sketch(gift_client_t *c, gift__wire_t *w)
     m.seq = next_seq(c, GIFT__SEQ_SKETCH);
     env.msg_case = GIFT__ENVELOPE__MSG_SKETCH;
     env.sketch = &m;
-    if (gift__net_queue(c, s, &env, w->Y, (size_t)w->cols * w->ks * sizeof(float),
+    if (c->io->queue(c, s, &env, w->Y, (size_t)w->cols * w->ks * sizeof(float),
                         GIFT__PRIO_SKETCH, &w->sk_inflight) == 0)
         w->sk_unsent = 0;
 }
@@ -377,7 +378,7 @@ static void send_hello(gift_client_t *c, uint32_t shard)
     h.client_name = c->name;
     if (c->auth != NULL) {
         if (!cn->challenged && gift_auth_nonce(cn->cnonce) < 0) {
-            gift__net_drop(c, shard);
+            c->io->drop(c, shard);
             return;
         }
         h.client_nonce.data = cn->cnonce;
@@ -390,15 +391,15 @@ static void send_hello(gift_client_t *c, uint32_t shard)
     }
     env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
     env.hello = &h;
-    if (gift__net_queue(c, shard, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) < 0)
-        gift__net_drop(c, shard);
+    if (c->io->queue(c, shard, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) < 0)
+        c->io->drop(c, shard);
 }
 
 static void send_declare(gift_client_t *c, uint32_t shard)
 {
-    if (gift__net_queue_raw(c, shard, c->decl_head[shard], c->decl_len[shard], GIFT__PRIO_CONTROL) <
+    if (c->io->queue_raw(c, shard, c->decl_head[shard], c->decl_len[shard], GIFT__PRIO_CONTROL) <
         0) {
-        gift__net_drop(c, shard);
+        c->io->drop(c, shard);
         return;
     }
     c->conns[shard].state = GIFT__CONN_DECLARING;
@@ -889,7 +890,7 @@ static void check_close(gift_client_t *c)
     cmd = c->cmd_close;
     c->cmd_close = NULL;
     gift__dev_close(c); /* no host function may wake the loop once it stops */
-    gift__net_shutdown(c);
+    c->io->shutdown(c);
     gift__cmd_done(c, cmd, 0);
 }
 
@@ -934,7 +935,7 @@ void gift__eng_commands(gift_client_t *c)
         }
         case GIFT__CMD_CONNECT:
             c->cmd_connect = cmd;
-            gift__net_connect_all(c);
+            c->io->connect(c);
             break;
         case GIFT__CMD_DECLARE: {
             int rc = gift__dev_declare(c);
@@ -1082,7 +1083,7 @@ static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *
         return cn->err;
     }
     cn->max_frame = a->max_frame_bytes;
-    gift__net_backoff_reset(c, shard);
+    c->io->backoff_reset(c, shard);
     if (c->io_declared) {
         send_declare(c, shard);
     } else {
@@ -1346,7 +1347,7 @@ int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
 
 void gift__eng_tick(gift_client_t *c)
 {
-    uint64_t now = gift__now_ns();
+    uint64_t now = c->io->now_ns();
     gift_op_t *op;
 
     if (c->gpu != NULL) /* device reports, should a wake-up have been missed */

@@ -59,8 +59,7 @@ void gift__owner_sketch_begin(tensor_t *t, size_t words, uint64_t step)
     t->sk_active = 1;
 }
 
-void gift__owner_sketch_add(tensor_t *t, int ordered, uint32_t rank, double trace,
-                            const uint8_t *Y)
+void gift__owner_sketch_add(tensor_t *t, int ordered, uint32_t rank, double trace, const uint8_t *Y)
 {
     size_t ny = (size_t)t->cols * t->ks;
     if (ordered) {

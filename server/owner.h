@@ -62,8 +62,7 @@ int gift__owner_sketch_check(tensor_t *t, const Gift__Sketch *m, uint32_t rank, 
  * and updates t->geo from the sum with damping and the decayed running
  * average (DESIGN.md section 2). Returns the new epoch (> 0, not yet
  * published), or the update's negative code: t->geo keeps its epoch. */
-int gift__owner_build(tensor_t *t, uint32_t world, int ordered, double damping,
-                      double decay);
+int gift__owner_build(tensor_t *t, uint32_t world, int ordered, double damping, double decay);
 
 /* Publishes the epoch that gift__owner_build made, valid from valid_from,
  * and marks the round done (a replayed sketch of its step is a duplicate).
@@ -74,7 +73,7 @@ int gift__owner_publish_round(tensor_t *t, uint64_t valid_from);
  * refreshes the published payload; its epoch records are the caller's. U
  * and lambda may be unaligned. Returns 0 or the geometry's error for
  * values that do not make a valid transform. */
-int gift__owner_restore(tensor_t *t, uint32_t epoch, int identity, double trace,
-                        double sigma2, double delta, const uint8_t *U, const uint8_t *lambda);
+int gift__owner_restore(tensor_t *t, uint32_t epoch, int identity, double trace, double sigma2,
+                        double delta, const uint8_t *U, const uint8_t *lambda);
 
 #endif

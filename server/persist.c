@@ -21,8 +21,8 @@
 
 /* Appends one record to the open step log, counting it (a no-op while
  * replaying or without persistence). Returns 0 or GIFT_EIO. */
-static int log_append(gift_shard_t *s, uint32_t type, const void *const *parts,
-                      const size_t *lens, int n, int sync)
+static int log_append(gift_shard_t *s, uint32_t type, const void *const *parts, const size_t *lens,
+                      int n, int sync)
 {
     int rc;
     uint64_t before = s->log.bytes;
@@ -74,8 +74,10 @@ static int log_step(gift_shard_t *s, const chunk_t *ch, const reply_t *r)
         nparts = 4;
     }
     if ((rc = log_append(s, GIFT_LOG_STEP, parts, lens, nparts, !s->o.group_commit)) < 0)
-        GIFT_LOG_ERROR(0, "tensor %u chunk %u step %" PRIu64 " is not durable: its pulls fail "
-                       "with %s", ch->t->key, ch->id, r->step, gift_strerror(GIFT_EIO));
+        GIFT_LOG_ERROR(0,
+                       "tensor %u chunk %u step %" PRIu64 " is not durable: its pulls fail "
+                       "with %s",
+                       ch->t->key, ch->id, r->step, gift_strerror(GIFT_EIO));
     return rc;
 }
 
@@ -103,8 +105,7 @@ static void log_epoch(gift_shard_t *s, const tensor_t *t)
     lens[2] = (size_t)t->ks * sizeof(float);
     /* If this fails, a restart rebuilds the epoch from the logged sketches. */
     if (log_append(s, GIFT_LOG_EPOCH, parts, lens, 3, 1) < 0)
-        GIFT_LOG_ERROR(0, "tensor %u: epoch %u not written to the step log", t->key,
-                       t->geo.epoch);
+        GIFT_LOG_ERROR(0, "tensor %u: epoch %u not written to the step log", t->key, t->geo.epoch);
 }
 
 /* The oldest unfinished step over the chunks that have started (0 if none). */
@@ -282,8 +283,9 @@ int gift_shard_checkpoint(gift_shard_t *s, char *err, size_t errlen)
     s->gen = gen;
     gift_log_remove_others(s->dir, gen);
     s->c.checkpoints++;
-    GIFT_LOG_INFO(0, "checkpoint %" PRIu64 " written: %zu bytes, oldest unfinished step %" PRIu64
-                     " (%.1f ms)",
+    GIFT_LOG_INFO(0,
+                  "checkpoint %" PRIu64 " written: %zu bytes, oldest unfinished step %" PRIu64
+                  " (%.1f ms)",
                   gen, b->len, min_base(s), (double)(now_ns(s) - t0) * 1e-6);
 out:
     if (rc < 0)
@@ -292,8 +294,7 @@ out:
     return rc;
 }
 
-static int restore_declare(gift_shard_t *s, const uint8_t *p, size_t len, char *err,
-                           size_t errlen)
+static int restore_declare(gift_shard_t *s, const uint8_t *p, size_t len, char *err, size_t errlen)
 {
     char why[256] = "";
     Gift__Declare *d = gift__declare__unpack(NULL, len, p);
@@ -314,8 +315,7 @@ static int restore_declare(gift_shard_t *s, const uint8_t *p, size_t len, char *
 }
 
 /* Applies the checkpoint body. Returns 0 or a negative code with err. */
-static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char *err,
-                         size_t errlen)
+static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char *err, size_t errlen)
 {
     gift_ckpt_cur_t c = {body, len, 0, 0};
     uint32_t shard_id, num_shards, world, agg;
@@ -378,8 +378,8 @@ static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char 
             if (c.err)
                 goto short_body;
             if (r->valid && !r->err && n != ch->pull_l.total) {
-                snprintf(err, errlen, "reply of tensor %u chunk %u has %zu bytes, not %zu", key,
-                         id, n, ch->pull_l.total);
+                snprintf(err, errlen, "reply of tensor %u chunk %u has %zu bytes, not %zu", key, id,
+                         n, ch->pull_l.total);
                 return GIFT_EIO;
             }
             memcpy(r->buf->data, p, n);
@@ -392,8 +392,10 @@ static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char 
             if (c.err)
                 goto short_body;
             if (n != ch->n * sizeof(float)) {
-                snprintf(err, errlen, "the pull residual of tensor %u chunk %u has %zu bytes, "
-                                      "not %zu", key, id, n, ch->n * sizeof(float));
+                snprintf(err, errlen,
+                         "the pull residual of tensor %u chunk %u has %zu bytes, "
+                         "not %zu",
+                         key, id, n, ch->n * sizeof(float));
                 return GIFT_EIO;
             }
             memcpy(ch->pres, p, n);
@@ -468,8 +470,7 @@ end:
         goto short_body;
     return 0;
 short_body:
-    snprintf(err, errlen, "the checkpoint body is inconsistent at byte %zu of %zu", c.off,
-             c.len);
+    snprintf(err, errlen, "the checkpoint body is inconsistent at byte %zu of %zu", c.off, c.len);
     return GIFT_EIO;
 }
 
@@ -518,15 +519,18 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
         reply_t *r;
         if (c.err || ch == NULL || (e == 0 && n != ch->pull_l.total) ||
             c.len - c.off != n + extra) {
-            snprintf(x->err, x->errlen, "a step record of tensor %u chunk %u does not fit the "
-                                        "declaration", key, id);
+            snprintf(x->err, x->errlen,
+                     "a step record of tensor %u chunk %u does not fit the "
+                     "declaration",
+                     key, id);
             return GIFT_EIO;
         }
         if (ch->started && step < ch->base)
             return 0; /* already in the checkpoint */
         if (ch->started && step != ch->base) {
-            snprintf(x->err, x->errlen, "tensor %u chunk %u: the step log jumps from step %" PRIu64
-                                        " to %" PRIu64, key, id, ch->base, step);
+            snprintf(x->err, x->errlen,
+                     "tensor %u chunk %u: the step log jumps from step %" PRIu64 " to %" PRIu64,
+                     key, id, ch->base, step);
             return GIFT_EIO;
         }
         r = &ch->reply[step & 1];
@@ -552,8 +556,10 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
         tensor_t *t = key < s->ntensors ? &s->tensors[key] : NULL;
         size_t ny;
         if (c.err || t == NULL || !t->owner || !t->geometry) {
-            snprintf(x->err, x->errlen, "a geometry record names tensor %u, which this shard "
-                                        "does not own", key);
+            snprintf(x->err, x->errlen,
+                     "a geometry record names tensor %u, which this shard "
+                     "does not own",
+                     key);
             return GIFT_EIO;
         }
         ny = (size_t)t->cols * t->ks;
@@ -569,8 +575,8 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
                 return GIFT_EIO;
             }
             if ((t->sk_done && step <= t->sk_done_step) ||
-                (t->sk_active && (step < t->sk_step ||
-                                  (step == t->sk_step && bit_get(t->sk_ranks, rank)))))
+                (t->sk_active &&
+                 (step < t->sk_step || (step == t->sk_step && bit_get(t->sk_ranks, rank)))))
                 return 0;
             if (!t->sk_active || step != t->sk_step)
                 gift__owner_sketch_begin(t, s->words, step);
@@ -591,7 +597,8 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
             }
             if (epoch <= t->geo.epoch)
                 return 0;
-            if ((rc = gift__owner_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) < 0) {
+            if ((rc = gift__owner_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) <
+                0) {
                 snprintf(x->err, x->errlen, "tensor %u: the logged epoch %u is invalid (%s)", key,
                          epoch, gift_strerror(rc));
                 return GIFT_EIO;

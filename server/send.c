@@ -61,8 +61,9 @@ void gift__send_verror(gift_shard_t *s, gift_peer_t *p, int code, int fatal, uin
     e.fatal = fatal != 0;
     env.msg_case = GIFT__ENVELOPE__MSG_ERROR;
     env.error = &e;
-    gift_log(fatal ? GIFT_LOG_LEVEL_WARN : GIFT_LOG_LEVEL_INFO, p->id, "error %d (%s) to rank %u: %s%s", code,
-             gift_strerror(code), p->rank, text, fatal ? "; closing" : "");
+    gift_log(fatal ? GIFT_LOG_LEVEL_WARN : GIFT_LOG_LEVEL_INFO, p->id,
+             "error %d (%s) to rank %u: %s%s", code, gift_strerror(code), p->rank, text,
+             fatal ? "; closing" : "");
     (void)gift__send_frame(s, p, &env, NULL, 0, 0);
     if (fatal && !p->closing) {
         p->closing = 1;

@@ -36,7 +36,7 @@ struct gift_peer {
     int closing;
     uint32_t rank;
     parked_t *parked;
-    int challenged;                        /* authentication: an AuthChallenge was sent */
+    int challenged;                       /* authentication: an AuthChallenge was sent */
     uint8_t nonce[GIFT_AUTH_NONCE_BYTES]; /* ... with this server nonce */
 };
 
@@ -90,8 +90,8 @@ typedef struct gift_shard_journal {
     int (*step)(gift_shard_t *s, const chunk_t *ch, const reply_t *r);
     /* An accepted sketch of rank for step (len bytes of Y), synced before
      * its SketchAck. */
-    int (*sketch)(gift_shard_t *s, const tensor_t *t, uint64_t step, uint32_t rank,
-                  uint32_t epoch, double trace, const uint8_t *Y, size_t len);
+    int (*sketch)(gift_shard_t *s, const tensor_t *t, uint64_t step, uint32_t rank, uint32_t epoch,
+                  double trace, const uint8_t *Y, size_t len);
     /* The epoch that t's owner just published (a failure is logged: a
      * restart rebuilds it from the logged sketches). */
     void (*epoch)(gift_shard_t *s, const tensor_t *t);
@@ -112,8 +112,7 @@ chunk_t *gift__shard_find_chunk(gift_shard_t *s, uint32_t key, uint32_t id);
 /* Builds the store from d (already checked against its digest) and keeps
  * its packed form for checkpoints. On error nothing is kept and why says
  * what was wrong. */
-int gift__shard_declare_apply(gift_shard_t *s, const Gift__Declare *d, char *why,
-                              size_t whylen);
+int gift__shard_declare_apply(gift_shard_t *s, const Gift__Declare *d, char *why, size_t whylen);
 
 /* Frees the store (tensors, chunks, the kept Declare): the shard is as
  * before any Declare. */

@@ -48,7 +48,6 @@ int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_st
     return 0;
 }
 
-
 int gift__stats_build(const gift_shard_t *s, uint64_t seq, gift_stats_msg_t *sm)
 {
     Gift__Stats *st = &sm->st;

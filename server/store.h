@@ -40,7 +40,7 @@ typedef struct slot {
 typedef struct reply {
     int valid;
     int durable; /* in the step log and synced: its pulls may be answered */
-    int err; /* 0, or the code pulls of this step get (e.g. the mean overflowed) */
+    int err;     /* 0, or the code pulls of this step get (e.g. the mean overflowed) */
     uint64_t step;
     uint32_t epoch;
     gift_rbuf_t *buf;
@@ -56,10 +56,10 @@ typedef struct chunk {
     size_t pay_stride; /* push_l.total rounded up to 64 bytes */
     int started;
     uint64_t base;
-    slot_t slot[2];   /* slot[step & 1] for steps base and base + 1 */
-    reply_t reply[2]; /* reply[step & 1] for the last two finished steps */
+    slot_t slot[2];        /* slot[step & 1] for steps base and base + 1 */
+    reply_t reply[2];      /* reply[step & 1] for the last two finished steps */
     struct parked *parked; /* pulls waiting for a step (shard_internal.h) */
-    int pending; /* in s->pending: a finished step waits for the log's sync */
+    int pending;           /* in s->pending: a finished step waits for the log's sync */
     /* Pull error feedback (the tensor's pull_ef): the residual of the last
      * finished step's mean encoding, in the coordinates of pres_epoch; n
      * floats, allocated at declaration. NULL without pull_ef. */
@@ -99,7 +99,7 @@ struct tensor {
     uint32_t sk_count;
     int sk_active;
     uint64_t sk_step;
-    int sk_done;          /* a round completed: */
+    int sk_done;           /* a round completed: */
     uint64_t sk_done_step; /* its step, for replays after a reconnect */
     gift_rbuf_t *geo_buf;
     epoch_rec_t epochs[MAX_EPOCH_RECS];

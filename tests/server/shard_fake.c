@@ -262,8 +262,8 @@ int feed(fake_t *fp, Gift__Envelope *env, const void *payload, size_t len)
     return gift_shard_handle(S, fp->p, &f);
 }
 
-int hello_raw(fake_t *fp, uint32_t version, uint32_t rank, uint32_t world,
-              const uint8_t *digest, size_t dlen)
+int hello_raw(fake_t *fp, uint32_t version, uint32_t rank, uint32_t world, const uint8_t *digest,
+              size_t dlen)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__Hello h = GIFT__HELLO__INIT;
@@ -410,8 +410,7 @@ uint64_t digest_of(const tdesc_t *t, size_t nt)
     return d;
 }
 
-void declare_ok_at(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc,
-                   int line)
+void declare_ok_at(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc, int line)
 {
     const Gift__DeclareAck *a;
     int rc = declare_raw(fp, t, nt, c, nc, 0, 0);
@@ -426,8 +425,8 @@ void declare_ok_at(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, si
     g_nc = nc;
 }
 
-void declare_err_at(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc,
-                    int code, int line)
+void declare_err_at(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc, int code,
+                    int line)
 {
     int rc = declare_raw(fp, t, nt, c, nc, 0, 0);
     ck_assert_msg(rc == 0, "line %d: a refused declare returned %d (must not be fatal)", line, rc);
@@ -481,8 +480,8 @@ int push_raw(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t e
     return feed(fp, &env, payload, len);
 }
 
-void expect_ack_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, int dup,
-                   uint64_t seq, int line)
+void expect_ack_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, int dup, uint64_t seq,
+                   int line)
 {
     const Gift__PushAck *a = take_at(fp, GIFT__ENVELOPE__MSG_PUSH_ACK, line)->env->push_ack;
     ck_assert_msg(a->key == key && a->chunk == chunk && a->step == step && a->seq == seq,
@@ -495,8 +494,7 @@ void expect_ack_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, int 
 }
 
 /* Pushes x (the chunk's elements) encoded with the tensor's push codec. */
-int push_x(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
-           const float *x)
+int push_x(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch, const float *x)
 {
     const tdesc_t *t = tensor_of(key);
     const cdesc_t *c = chunk_of(key, chunk);
@@ -554,8 +552,8 @@ void push_grad_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint3
     push_ok_at(fp, key, chunk, step, epoch, x, dup, line);
     free(x);
 }
-void push_grad_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step,
-                      uint32_t epoch, uint32_t rank, uint64_t v, int code, int line)
+void push_grad_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
+                      uint32_t rank, uint64_t v, int code, int line)
 {
     float *x = grad(key, chunk, rank, v);
     push_err_at(fp, key, chunk, step, epoch, x, code, line);
@@ -578,11 +576,10 @@ uint8_t *reference(uint32_t key, uint32_t chunk, uint64_t v, const int *order, i
     float *acc = calloc(n, sizeof *acc), *dec = malloc(n * sizeof *dec);
     const float inv = 1.0f / (float)world;
     uint8_t *out;
-    static const int by_rank[64] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12,
-                                    13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
-                                    26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38,
-                                    39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51,
-                                    52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+    static const int by_rank[64] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+                                    16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+                                    32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+                                    48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
 
     ck_assert(acc && dec && world <= 64);
     if (!g_eager)
@@ -647,8 +644,8 @@ void pull_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, int co
 }
 
 /* Takes a PullReply and checks its header; returns the frame. */
-sent_t *expect_reply_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step,
-                        uint32_t epoch, uint64_t seq, int line)
+sent_t *expect_reply_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
+                        uint64_t seq, int line)
 {
     sent_t *s = take_at(fp, GIFT__ENVELOPE__MSG_PULL_REPLY, line);
     const Gift__PullReply *r = s->env->pull_reply;
@@ -691,8 +688,8 @@ void expect_bytes_at(const sent_t *s, const uint8_t *want, size_t len, int line)
                       "line %d: a buffer changed while a write held it", line);
 }
 
-int sketch_raw(fake_t *fp, uint32_t key, uint64_t step, uint32_t epoch, double trace,
-               uint32_t din, uint32_t ks, const void *y, size_t len)
+int sketch_raw(fake_t *fp, uint32_t key, uint64_t step, uint32_t epoch, double trace, uint32_t din,
+               uint32_t ks, const void *y, size_t len)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__Sketch m = GIFT__SKETCH__INIT;
@@ -830,10 +827,8 @@ void reopen(const gift_shard_opts_t *o)
     shard_open(o);
 }
 
-
 /* Takes a Geometry frame and checks it against g. */
-sent_t *expect_geometry_at(fake_t *fp, const gift_geometry_t *g, uint64_t valid_from,
-                           int line)
+sent_t *expect_geometry_at(fake_t *fp, const gift_geometry_t *g, uint64_t valid_from, int line)
 {
     sent_t *s = take_at(fp, GIFT__ENVELOPE__MSG_GEOMETRY, line);
     const Gift__Geometry *m = s->env->geometry;
@@ -874,8 +869,8 @@ void make_sketch(uint32_t r, uint64_t round, const float *U, float *Y, double *t
     free(work);
 }
 
-void sketch_ok_at(fake_t *fp, uint64_t step, uint32_t epoch, double trace, const float *Y,
-                  int dup, int line)
+void sketch_ok_at(fake_t *fp, uint64_t step, uint32_t epoch, double trace, const float *Y, int dup,
+                  int line)
 {
     int rc = sketch_raw(fp, 0, step, epoch, trace, GDIN, GKS, Y, (size_t)GDIN * GKS * 4);
     ck_assert_msg(rc == 0, "line %d: sketch returned %d", line, rc);
@@ -893,8 +888,8 @@ void sketch_err_at(fake_t *fp, uint64_t step, uint32_t epoch, double trace, uint
                   "line %d: error context key %u step %" PRIu64, line, e->key, e->step);
 }
 
-void geo_push_at(fake_t *fp, uint32_t chunk, uint64_t step, uint32_t epoch, uint32_t rank,
-                 int code, int line)
+void geo_push_at(fake_t *fp, uint32_t chunk, uint64_t step, uint32_t epoch, uint32_t rank, int code,
+                 int line)
 {
     float *x = grad(0, chunk, rank, step);
     if (code == 0)
@@ -912,8 +907,7 @@ void pef_declare(void)
         DECLARE_OK(&P[r], PEF_T, PEF_NT, PEF_C, PEF_NC);
 }
 
-uint8_t *pef_reference(pef_ref_t *st, const cdesc_t *c, size_t ci, uint64_t v,
-                       size_t *len)
+uint8_t *pef_reference(pef_ref_t *st, const cdesc_t *c, size_t ci, uint64_t v, size_t *len)
 {
     const tdesc_t *t = tensor_of(c->key);
     size_t n = chunk_n(c);

@@ -157,8 +157,8 @@ static const tdesc_t PEF_T[] = {
     {3, "pef.off", 4, 40, F32, 0, NVFP4, 0, 0, 0, 0, 0, 0},
     {4, "pef.bf16", 3, 50, F32, 0, BF16, 0, 0, 0, 0, 0, 0},
 };
-static const cdesc_t PEF_C[] = {{0, 0, 0, 6}, {1, 0, 0, 5}, {2, 0, 0, 4}, {2, 1, 4, 6},
-                                {3, 0, 0, 4}, {4, 0, 0, 3}};
+static const cdesc_t PEF_C[] = {{0, 0, 0, 6}, {1, 0, 0, 5}, {2, 0, 0, 4},
+                                {2, 1, 4, 6}, {3, 0, 0, 4}, {4, 0, 0, 3}};
 #define PEF_NT (sizeof PEF_T / sizeof PEF_T[0])
 #define PEF_NC (sizeof PEF_C / sizeof PEF_C[0])
 #define PEF_MASK 0x17u /* keys 0, 1, 2, 4 */
@@ -193,8 +193,8 @@ sent_t *take_any(fake_t *fp);
 void quiet_all(int line);
 const Gift__Error *expect_error_at(fake_t *fp, int code, int fatal, int line);
 int feed(fake_t *fp, Gift__Envelope *env, const void *payload, size_t len);
-int hello_raw(fake_t *fp, uint32_t version, uint32_t rank, uint32_t world,
-              const uint8_t *digest, size_t dlen);
+int hello_raw(fake_t *fp, uint32_t version, uint32_t rank, uint32_t world, const uint8_t *digest,
+              size_t dlen);
 void hello_at(fake_t *fp, uint32_t rank, uint32_t world, int line);
 void hello_all(void);
 const tdesc_t *tensor_of(uint32_t key);
@@ -204,20 +204,18 @@ void tensor_decls(const tdesc_t *t, size_t nt, Gift__TensorDecl *td, Gift__Tenso
 int declare_raw(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc,
                 int bad_digest, size_t payload_len);
 uint64_t digest_of(const tdesc_t *t, size_t nt);
-void declare_ok_at(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc,
-                   int line);
-void declare_err_at(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc,
-                    int code, int line);
+void declare_ok_at(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc, int line);
+void declare_err_at(fake_t *fp, const tdesc_t *t, size_t nt, const cdesc_t *c, size_t nc, int code,
+                    int line);
 gift_codec_params_t params_of(Gift__Format f, uint32_t block);
 size_t chunk_n(const cdesc_t *c);
 size_t layout_total(Gift__Format f, uint32_t block, size_t n);
 uint8_t *encode(const gift_codec_params_t *p, const float *x, size_t n, size_t *len);
 int push_raw(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
              Gift__Format fmt, uint32_t block, const void *payload, size_t len);
-void expect_ack_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, int dup,
-                   uint64_t seq, int line);
-int push_x(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
-           const float *x);
+void expect_ack_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, int dup, uint64_t seq,
+                   int line);
+int push_x(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch, const float *x);
 void push_ok_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
                 const float *x, int dup, int line);
 void push_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
@@ -225,19 +223,19 @@ void push_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32
 float *grad(uint32_t key, uint32_t chunk, uint32_t rank, uint64_t v);
 void push_grad_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
                   uint32_t rank, uint64_t v, int dup, int line);
-void push_grad_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step,
-                      uint32_t epoch, uint32_t rank, uint64_t v, int code, int line);
+void push_grad_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
+                      uint32_t rank, uint64_t v, int code, int line);
 uint8_t *reference(uint32_t key, uint32_t chunk, uint64_t v, const int *order, int world,
                    size_t *len, double *exact, double *mag);
 int pull_raw(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t have_epoch,
              size_t payload_len);
 uint64_t pull_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, int line);
 void pull_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, int code, int line);
-sent_t *expect_reply_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step,
-                        uint32_t epoch, uint64_t seq, int line);
+sent_t *expect_reply_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
+                        uint64_t seq, int line);
 void expect_bytes_at(const sent_t *s, const uint8_t *want, size_t len, int line);
-int sketch_raw(fake_t *fp, uint32_t key, uint64_t step, uint32_t epoch, double trace,
-               uint32_t din, uint32_t ks, const void *y, size_t len);
+int sketch_raw(fake_t *fp, uint32_t key, uint64_t step, uint32_t epoch, double trace, uint32_t din,
+               uint32_t ks, const void *y, size_t len);
 void expect_sketch_ack_at(fake_t *fp, uint32_t key, uint64_t step, int dup, int line);
 int georeq_raw(fake_t *fp, uint32_t key, size_t payload_len);
 int stats_raw(fake_t *fp, size_t payload_len);
@@ -252,18 +250,16 @@ void fx_teardown(void);
 void fx_std_eager(void);
 void fx_hello_eager(void);
 void reopen(const gift_shard_opts_t *o);
-sent_t *expect_geometry_at(fake_t *fp, const gift_geometry_t *g, uint64_t valid_from,
-                           int line);
+sent_t *expect_geometry_at(fake_t *fp, const gift_geometry_t *g, uint64_t valid_from, int line);
 void make_sketch(uint32_t r, uint64_t round, const float *U, float *Y, double *trace);
-void sketch_ok_at(fake_t *fp, uint64_t step, uint32_t epoch, double trace, const float *Y,
-                  int dup, int line);
+void sketch_ok_at(fake_t *fp, uint64_t step, uint32_t epoch, double trace, const float *Y, int dup,
+                  int line);
 void sketch_err_at(fake_t *fp, uint64_t step, uint32_t epoch, double trace, uint32_t din,
                    uint32_t ks, const float *Y, size_t len, int code, int line);
-void geo_push_at(fake_t *fp, uint32_t chunk, uint64_t step, uint32_t epoch, uint32_t rank,
-                 int code, int line);
+void geo_push_at(fake_t *fp, uint32_t chunk, uint64_t step, uint32_t epoch, uint32_t rank, int code,
+                 int line);
 void pef_declare(void);
-uint8_t *pef_reference(pef_ref_t *st, const cdesc_t *c, size_t ci, uint64_t v,
-                       size_t *len);
+uint8_t *pef_reference(pef_ref_t *st, const cdesc_t *c, size_t ci, uint64_t v, size_t *len);
 int pef_step(pef_ref_t *st, uint64_t step, int line);
 void pef_ref_free(pef_ref_t *st);
 

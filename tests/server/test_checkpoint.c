@@ -130,8 +130,8 @@ START_TEST(test_persist_round_trip)
         std_step(step, step == 8 ? k8 : step == 9 ? k9 : NULL, step == 8 ? l8 : l9);
     ck_assert_msg(C()->checkpoints == 2, "checkpoints %" PRIu64 " after 10 steps every 4",
                   C()->checkpoints);
-    ck_assert_msg(C()->log_records > 0 && C()->log_failures == 0, "log records %" PRIu64
-                  " failures %" PRIu64, C()->log_records, C()->log_failures);
+    ck_assert_msg(C()->log_records > 0 && C()->log_failures == 0,
+                  "log records %" PRIu64 " failures %" PRIu64, C()->log_records, C()->log_failures);
     /* Step 10 partly pushed: not durable, the clients replay it. */
     for (int r = 0; r < W - 1; r++)
         PUSH_GRAD(&P[r], 0, 0, 10, (uint32_t)r, 10);
@@ -515,8 +515,10 @@ START_TEST(test_persist_corrupt)
     /* The same log cut inside its last record: that record is dropped. */
     file_write(lg, glog, llen - 3);
     persist_open_ok(100, 1);
-    ck_assert_msg(C()->restored_step == 4, "restored step %" PRIu64 " (the last step 4 record "
-                  "was cut, so step 4 is open again)", C()->restored_step);
+    ck_assert_msg(C()->restored_step == 4,
+                  "restored step %" PRIu64 " (the last step 4 record "
+                  "was cut, so step 4 is open again)",
+                  C()->restored_step);
     fx_std_declare();
     {
         /* The clients replay step 4: new for the last chunk, duplicates elsewhere. */

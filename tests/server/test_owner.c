@@ -184,8 +184,8 @@ START_TEST(test_sketch_check)
     m = sketch_msg(50, 0, trace);
     Y[5] = NAN;
     rc = gift__owner_sketch_check(&T, &m, 0, (const uint8_t *)Y, sizeof Y, why, sizeof why);
-    ck_assert_msg(rc == GIFT_EBADCODE && strstr(why, "element 5") != NULL,
-                  "NaN at 5: %d (%s)", rc, why);
+    ck_assert_msg(rc == GIFT_EBADCODE && strstr(why, "element 5") != NULL, "NaN at 5: %d (%s)", rc,
+                  why);
     make_sketch(0, Y, &trace);
     /* Rank 0 joins the round of step 50: again it is a duplicate; an older
      * step is a duplicate; a newer one restarts the round. */
@@ -234,16 +234,14 @@ START_TEST(test_round)
     rc = gift__owner_build(&T, WORLD, 1, GIFT_DAMPING_DEFAULT, 0.0);
     ck_assert_msg(rc == 1, "build returned %d, want epoch 1", rc);
     ck_assert_msg(memcmp(T.ysum, ysum, sizeof ysum) == 0, "the ordered sum is not rank 0+1+2");
-    ck_assert_msg(T.trace_sum == trace_sum, "trace sum %.17g, want %.17g", T.trace_sum,
-                  trace_sum);
+    ck_assert_msg(T.trace_sum == trace_sum, "trace sum %.17g, want %.17g", T.trace_sum, trace_sum);
     ck_assert_int_eq(gift_geometry_update_decay(&ref, ysum, trace_sum, GIFT_DAMPING_DEFAULT,
                                                 gift_geometry_decay_at(0.0, 0)),
                      0);
-    ck_assert_msg(memcmp(T.geo.U, ref.U, (size_t)DIN * KS * 4) == 0 &&
-                      memcmp(T.geo.lambda, ref.lambda, (size_t)KS * 4) == 0 &&
-                      T.geo.sigma2 == ref.sigma2,
-                  "epoch 1 differs from the reference update (sigma2 %g vs %g)", T.geo.sigma2,
-                  ref.sigma2);
+    ck_assert_msg(
+        memcmp(T.geo.U, ref.U, (size_t)DIN * KS * 4) == 0 &&
+            memcmp(T.geo.lambda, ref.lambda, (size_t)KS * 4) == 0 && T.geo.sigma2 == ref.sigma2,
+        "epoch 1 differs from the reference update (sigma2 %g vs %g)", T.geo.sigma2, ref.sigma2);
     ck_assert_msg(T.nepochs == 1, "build published already (%u records)", T.nepochs);
     rc = gift__owner_publish_round(&T, 52);
     ck_assert_msg(rc == 1, "publish_round returned %d", rc);
@@ -294,8 +292,8 @@ START_TEST(test_restore)
                              L + 1);
     ck_assert_msg(rc == 0, "restore returned %d", rc);
     ck_assert_msg(T.geo.epoch == src.epoch && T.geo.sigma2 == src.sigma2,
-                  "restored epoch %u sigma2 %g, saved %u %g", T.geo.epoch, T.geo.sigma2,
-                  src.epoch, src.sigma2);
+                  "restored epoch %u sigma2 %g, saved %u %g", T.geo.epoch, T.geo.sigma2, src.epoch,
+                  src.sigma2);
     ck_assert_msg(memcmp(T.geo_buf->data, src.U, ub) == 0 &&
                       memcmp(T.geo_buf->data + ub, src.lambda, lb) == 0,
                   "the payload does not hold the restored U and lambda");

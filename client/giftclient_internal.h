@@ -1,14 +1,23 @@
 /*
- * client_internal.h: libgiftclient's state, shared by its three files.
+ * giftclient_internal.h: libgiftclient's state, shared by its files.
  *
  *   client.c  the public API on the caller's side: options, the declared
  *             list (fusion, wire tensors, placement, buffers), operations
  *             and their hand-over to the I/O thread.
+ *   mailbox.c the hand-over itself: the command queue, command and
+ *             operation completion, the operation pool; wait, test, free.
  *   engine.c  everything the I/O thread does that is not a socket: the
  *             per-step push and pull state of every wire tensor, encode and
  *             decode, geometry epochs, frame handling, replay and timeouts.
+ *             It reaches the network only through the gift__io_t table.
  *   net.c     the only file that knows libuv: the thread, its loop,
- *             connections with backoff, one batched write per turn.
+ *             connections with backoff, one batched write per turn. It
+ *             fills gift__io_t and calls the engine's gift__eng_* entries.
+ *
+ * Calls run one way: client.c -> net.c, engine.c, mailbox.c; net.c ->
+ * engine.c; engine.c -> mailbox.c, device.c; and engine.c -> net.c only
+ * through the table, so the engine runs in tests without sockets
+ * (tests/client/test_engine.c).
  *   device.c  device tensors (GIFT_MEMORY_CUDA) on the GPU through gpu/'s
  *             gift_gpu.h: contexts, device buffers, and the queue of GPU
  *             jobs of each device. Built when CUDA is; device_stub.c (no
@@ -25,8 +34,8 @@
  * tensor is a wire tensor of its own (a 1-D tensor whose row would exceed a
  * chunk is reshaped into rows of a divisor of its length).
  */
-#ifndef GIFT_CLIENT_INTERNAL_H
-#define GIFT_CLIENT_INTERNAL_H
+#ifndef GIFT_GIFTCLIENT_INTERNAL_H
+#define GIFT_GIFTCLIENT_INTERNAL_H
 
 #include <pthread.h>
 #include <stddef.h>
@@ -241,6 +250,36 @@ typedef struct gift__conn {
 
 typedef struct gift__net gift__net_t;
 
+/* What the engine (and client.c) needs of the network, the way the shard
+ * uses gift_shard_io_t: net.c fills it at gift__net_start, a test fakes it.
+ * Every entry but wake and now_ns runs on the I/O thread. */
+typedef struct gift__io {
+    /* Any thread: commands are queued, run gift__eng_commands soon. */
+    void (*wake)(gift_client_t *c);
+    /* Starts connecting to every shard that has no connection. */
+    void (*connect)(gift_client_t *c);
+    /* Closes every handle: the loop ends once they are closed. */
+    void (*shutdown)(gift_client_t *c);
+    /* Closes shard's connection; gift__eng_conn_down follows when it was up,
+     * and a reconnect after the backoff. */
+    void (*drop)(gift_client_t *c, uint32_t shard);
+    /* The shard's handshake succeeded: its next reconnect waits the least. */
+    void (*backoff_reset)(gift_client_t *c, uint32_t shard);
+    /* Queues a frame for shard: env packed with payload_len = len, then len
+     * bytes of payload (not copied: it must stay unchanged until the write
+     * completes, tracked by *inflight, incremented now and decremented when
+     * the write is done or dropped; inflight may be NULL without payload).
+     * Written at the end of the loop turn, in priority order. Returns 0,
+     * GIFT_ECLOSED (no connection) or GIFT_ENOMEM. */
+    int (*queue)(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
+                 const void *payload, size_t len, int64_t prio, int *inflight);
+    /* Same with a head already packed (preamble + header, payload_len 0). */
+    int (*queue_raw)(gift_client_t *c, uint32_t shard, const uint8_t *head, size_t head_len,
+                     int64_t prio);
+    /* Any thread: a monotonic clock in nanoseconds. */
+    uint64_t (*now_ns)(void);
+} gift__io_t;
+
 struct gift_client {
     /* Configuration (immutable after open). */
     int rank, world;
@@ -273,6 +312,7 @@ struct gift_client {
     struct gift_op **all_ops;           /* mu: every op allocated, for close */
     size_t nall_ops, all_ops_cap;       /* mu */
     gift__net_t *net;
+    const gift__io_t *io; /* the network, as the engine sees it */
     gift_client_stats_t st; /* atomic counters */
     /* I/O thread. */
     gift__conn_t *conns;
@@ -291,13 +331,33 @@ struct gift_client {
 /* Counters (any thread). */
 #define GIFT__STAT_ADD(c, field, v) __atomic_fetch_add(&(c)->st.field, (v), __ATOMIC_RELAXED)
 
-/* ---- client.c ---- */
-/* Marks a command done with rc and wakes its waiter (I/O thread). */
-void gift__cmd_done(gift_client_t *c, gift__cmd_t *cmd, int rc);
-/* Completes an operation: status, callback, wake-up (I/O thread). */
-void gift__op_complete(gift_client_t *c, struct gift_op *op);
+/* ---- mailbox.c ---- */
+/* Caller: appends cmd to the queue (its done and rc cleared); the caller
+ * then wakes the I/O thread (c->io->wake). */
+void gift__cmd_put(gift_client_t *c, gift__cmd_t *cmd);
+/* Caller: waits until cmd is done; returns its rc. */
+int gift__cmd_wait(gift_client_t *c, gift__cmd_t *cmd);
 /* Takes every queued command, in order (I/O thread). */
 gift__cmd_t *gift__take_commands(gift_client_t *c);
+/* Marks a command done with rc and wakes its waiter (I/O thread). */
+void gift__cmd_done(gift_client_t *c, gift__cmd_t *cmd, int rc);
+/* Takes an operation from the pool (or allocates one, kept until
+ * gift__ops_free), zeroed and owned by c. NULL when out of memory. */
+struct gift_op *gift__op_alloc(gift_client_t *c);
+/* Completes an operation: status, callback, wake-up (I/O thread). */
+void gift__op_complete(gift_client_t *c, struct gift_op *op);
+/* Frees every operation ever allocated (close, no thread left). */
+void gift__ops_free(gift_client_t *c);
+
+/* ---- client.c (internal steps, for tests/client/test_engine.c) ---- */
+/* gift_client_open without the network: options, servers, rank, auth, the
+ * per-shard connection state. c->io is NULL until gift__net_start (or a
+ * test) sets it. 0 or a code; free with gift_client_close. */
+int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out);
+/* gift_declare without the hand-over: checks the list, builds the wire
+ * tensors, placement, buffers and each shard's packed Declare. 0 or a code
+ * (what was built goes at close). */
+int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n);
 
 /* ---- engine.c (I/O thread) ---- */
 void gift__eng_commands(gift_client_t *c);
@@ -363,24 +423,9 @@ void gift__dev_close(gift_client_t *c);
 void gift__dev_free(gift_client_t *c);
 
 /* ---- net.c ---- */
-int gift__net_start(gift_client_t *c);        /* caller: loop, handles, thread */
-void gift__net_wake(gift_client_t *c);        /* caller: commands are queued */
-void gift__net_join(gift_client_t *c);        /* caller: after CMD_CLOSE completed */
-void gift__net_connect_all(gift_client_t *c); /* I/O thread */
-void gift__net_shutdown(gift_client_t *c);    /* I/O thread: close every handle */
-void gift__net_backoff_reset(gift_client_t *c, uint32_t shard);
-void gift__net_drop(gift_client_t *c, uint32_t shard); /* I/O thread: close, reconnect */
-/* Queues a frame for shard: env packed with payload_len = len, then len bytes
- * of payload (not copied: it must stay unchanged until the write completes,
- * tracked by *inflight, incremented now and decremented when the write is
- * done or dropped; inflight may be NULL without payload). Written at the end
- * of the loop turn, in priority order. Returns 0, GIFT_ECLOSED (no
- * connection) or GIFT_ENOMEM. */
-int gift__net_queue(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
-                    const void *payload, size_t len, int64_t prio, int *inflight);
-/* Same with a head already packed (preamble + header, payload_len 0). */
-int gift__net_queue_raw(gift_client_t *c, uint32_t shard, const uint8_t *head, size_t head_len,
-                        int64_t prio);
-uint64_t gift__now_ns(void);
+/* Caller: the loop, its handles and the I/O thread; sets c->io. */
+int gift__net_start(gift_client_t *c);
+/* Caller: after CMD_CLOSE completed, joins the thread and frees the loop. */
+void gift__net_join(gift_client_t *c);
 
 #endif
