@@ -93,34 +93,6 @@ static gift__wire_t *wire_of(gift_client_t *c, const gift__req_t *r)
     return &c->wires[c->mem[r->id].wire];
 }
 
-static gift__chunk_t *chunk_of(gift_client_t *c, const gift__wire_t *w, uint32_t j)
-{
-    return &c->chunks[w->chunk0 + j];
-}
-
-static uint32_t owner_of(gift_client_t *c, const gift__wire_t *w)
-{
-    return chunk_of(c, w, 0)->shard;
-}
-
-static int ready(const gift_client_t *c, uint32_t shard)
-{
-    return c->conns[shard].state == GIFT__CONN_READY;
-}
-
-static uint64_t next_seq(gift_client_t *c, int kind)
-{
-    c->seq = (c->seq + 1) & ((1ull << 56) - 1);
-    return ((uint64_t)kind << 56) | c->seq;
-}
-
-static void codec_wire(Gift__Codec *cd, const gift_codec_params_t *p)
-{
-    gift__codec__init(cd);
-    cd->format = (Gift__Format)p->fmt;
-    cd->block = p->block;
-}
-
 /* The geometry slot holding epoch e, or NULL. */
 static gift__geo_t *geo_by_epoch(gift__wire_t *w, uint32_t e)
 {
@@ -152,8 +124,6 @@ static int settled(const gift__wire_t *w, uint64_t t)
 /* ------------------------------------------------------------------ */
 /* Completion                                                            */
 /* ------------------------------------------------------------------ */
-
-static void send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
 
 /* Takes r out of whatever it waits on. A pull that was the decode target of
  * its (unfused) wire hands the pull over to the next request waiting on it,
@@ -187,7 +157,7 @@ static void detach(gift_client_t *c, gift__req_t *r)
     memset(pl->sent, 0, w->nchunks);
     if (w->dw != NULL)
         gift__dev_pull_reset(w, pl);
-    send_pull_chunks(c, w, pl);
+    gift__send_pull_chunks(c, w, pl);
 }
 
 /* Finishes request r with rc. A failure fails the other half of a push_pull
@@ -257,152 +227,6 @@ static void fail_pl(gift_client_t *c, gift__lstate_t *pl, int rc)
     pl->state = GIFT__PL_IDLE;
     finish_all(c, &pl->reqs, rc);
     c->rescan = 1;
-}
-
-/* ------------------------------------------------------------------ */
-/* Sending                                                               */
-/* ------------------------------------------------------------------ */
-
-static int queue_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, gift__chunk_t *ch)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__Push m = GIFT__PUSH__INIT;
-    Gift__Codec cd;
-    codec_wire(&cd, &w->push);
-    m.key = w->key;
-    m.chunk = ch->idx;
-    m.step = ps->step;
-    m.epoch = ps->epoch;
-    m.codec = &cd;
-    m.seq = next_seq(c, GIFT__SEQ_PUSH);
-    env.msg_case = GIFT__ENVELOPE__MSG_PUSH;
-    env.push = &m;
-    return c->io->queue(c, ch->shard, &env, ps->payload + ch->push_off, ch->push_l.total,
-                           w->push_prio, &ps->inflight);
-}
-
-/* Queues every chunk of ps not yet queued on its shard's connection. */
-static void send_push_chunks(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
-                             uint32_t only_shard, int replay)
-{
-    for (uint32_t j = 0; j < w->nchunks; j++) {
-        gift__chunk_t *ch = chunk_of(c, w, j);
-        if (j >= ps->nenc || ps->sent[j] || !ready(c, ch->shard) ||
-            (only_shard != UINT32_MAX && ch->shard != only_shard))
-            continue;
-        if (queue_push(c, w, ps, ch) == 0) {
-            ps->sent[j] = 1;
-            if (replay)
-                GIFT__STAT_ADD(c, replays, 1);
-        }
-    }
-}
-
-/* Queues the Pull of every chunk of pl not yet queued. A chunk whose push of
- * the same step this worker has not queued yet waits for it (a fused bucket
- * still assembling, a connection coming back): a shard refuses a pull for a
- * chunk that nobody has pushed, and on one connection the push goes first. */
-static void send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
-{
-    const gift__pstate_t *ps = &w->ps[pl->step & 1];
-    int own_push = ps->state != GIFT__PS_IDLE && ps->step == pl->step;
-    for (uint32_t j = 0; j < w->nchunks; j++) {
-        gift__chunk_t *ch = chunk_of(c, w, j);
-        Gift__Envelope env = GIFT__ENVELOPE__INIT;
-        Gift__Pull m = GIFT__PULL__INIT;
-        if (pl->got[j] || pl->sent[j] || !ready(c, ch->shard) || (own_push && !ps->sent[j]))
-            continue;
-        m.key = w->key;
-        m.chunk = ch->idx;
-        m.step = pl->step;
-        m.have_epoch = w->geometry ? w->newest : 0;
-        m.seq = next_seq(c, GIFT__SEQ_PULL);
-        env.msg_case = GIFT__ENVELOPE__MSG_PULL;
-        env.pull = &m;
-        if (c->io->queue(c, ch->shard, &env, NULL, 0, w->pull_prio, NULL) == 0)
-            pl->sent[j] = 1;
-    }
-}
-
-static void send_geo_request(gift_client_t *c, gift__wire_t *w)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__GeometryRequest m = GIFT__GEOMETRY_REQUEST__INIT;
-    uint32_t s = owner_of(c, w);
-    if (!w->fetching || w->fetch_sent || !ready(c, s))
-        return;
-    m.key = w->key;
-    m.epoch = w->newest;
-    m.seq = next_seq(c, GIFT__SEQ_GEO);
-    env.msg_case = GIFT__ENVELOPE__MSG_GEOMETRY_REQUEST;
-    env.geometry_request = &m;
-    if (c->io->queue(c, s, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) == 0)
-        w->fetch_sent = 1;
-}
-
-static void send_sketch(gift_client_t *c, gift__wire_t *w)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__Sketch m = GIFT__SKETCH__INIT;
-    uint32_t s = owner_of(c, w);
-    if (!w->sk_unsent || !ready(c, s))
-        return;
-    m.key = w->key;
-    m.step = w->sk_step;
-    m.epoch = w->sk_epoch;
-    m.trace = w->sk_trace;
-    m.din = w->cols;
-    m.basis_cols = w->ks;
-    m.seq = next_seq(c, GIFT__SEQ_SKETCH);
-    env.msg_case = GIFT__ENVELOPE__MSG_SKETCH;
-    env.sketch = &m;
-    if (c->io->queue(c, s, &env, w->Y, (size_t)w->cols * w->ks * sizeof(float),
-                        GIFT__PRIO_SKETCH, &w->sk_inflight) == 0)
-        w->sk_unsent = 0;
-}
-
-/* The first Hello of a connection, or (once an AuthChallenge arrived) the
- * second, which carries the MAC (gift.proto, "Authentication"). */
-static void send_hello(gift_client_t *c, uint32_t shard)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__Hello h = GIFT__HELLO__INIT;
-    gift__conn_t *cn = &c->conns[shard];
-    h.protocol_version = GIFT_PROTOCOL_VERSION;
-    h.rank = (uint32_t)c->rank;
-    h.world_size = (uint32_t)c->world;
-    if (c->io_declared) {
-        h.cluster_digest.data = c->digest;
-        h.cluster_digest.len = 8;
-    }
-    h.client_name = c->name;
-    if (c->auth != NULL) {
-        if (!cn->challenged && gift_auth_nonce(cn->cnonce) < 0) {
-            c->io->drop(c, shard);
-            return;
-        }
-        h.client_nonce.data = cn->cnonce;
-        h.client_nonce.len = sizeof cn->cnonce;
-        if (cn->challenged) {
-            gift_auth_hello_mac(c->auth, cn->snonce, &h, cn->hello_mac);
-            h.auth_mac.data = cn->hello_mac;
-            h.auth_mac.len = sizeof cn->hello_mac;
-        }
-    }
-    env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
-    env.hello = &h;
-    if (c->io->queue(c, shard, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) < 0)
-        c->io->drop(c, shard);
-}
-
-static void send_declare(gift_client_t *c, uint32_t shard)
-{
-    if (c->io->queue_raw(c, shard, c->decl_head[shard], c->decl_len[shard], GIFT__PRIO_CONTROL) <
-        0) {
-        c->io->drop(c, shard);
-        return;
-    }
-    c->conns[shard].state = GIFT__CONN_DECLARING;
 }
 
 /* ------------------------------------------------------------------ */
@@ -489,7 +313,7 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
     pl = &w->pl[ps->step & 1];
     while (ps->nenc < w->nchunks && (done == 0 || done < budget)) {
         uint32_t j = ps->nenc;
-        gift__chunk_t *ch = chunk_of(c, w, j);
+        gift__chunk_t *ch = gift__chunk_of(c, w, j);
         gift_codec_params_t cp = w->push;
         uint8_t *pay = ps->payload + ch->push_off;
         const float *p = ps->encp;
@@ -509,10 +333,10 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
         }
         ps->nenc = j + 1;
         done += ch->n * sizeof(float);
-        if (ready(c, ch->shard) && queue_push(c, w, ps, ch) == 0)
+        if (gift__ready(c, ch->shard) && gift__send_push(c, w, ps, ch) == 0)
             ps->sent[j] = 1;
         if (pl->state == GIFT__PL_PENDING && pl->step == ps->step)
-            send_pull_chunks(c, w, pl);
+            gift__send_pull_chunks(c, w, pl);
     }
     if (ps->nenc == w->nchunks)
         stop_encoding(c, w);
@@ -693,7 +517,7 @@ static int try_pull(gift_client_t *c, gift__req_t *r)
     if (w->dw != NULL)
         gift__dev_pull_reset(w, pl);
     list_push(&pl->reqs, r);
-    send_pull_chunks(c, w, pl);
+    gift__send_pull_chunks(c, w, pl);
     return 1;
 }
 
@@ -777,7 +601,7 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
     w->sk_step = r->step;
     w->sk_pending = 1;
     w->sk_unsent = 1;
-    send_sketch(c, w);
+    gift__send_sketch(c, w);
     req_finish(c, r, 0);
     return 1;
 }
@@ -953,7 +777,7 @@ void gift__eng_commands(gift_client_t *c)
                 }
             for (uint32_t s = 0; s < c->nshards; s++)
                 if (c->conns[s].state == GIFT__CONN_READY)
-                    send_declare(c, s);
+                    gift__send_declare(c, s);
             check_cmds(c);
             break;
         }
@@ -975,7 +799,7 @@ void gift__eng_conn_up(gift_client_t *c, uint32_t shard)
     c->conns[shard].err = 0;
     c->conns[shard].state = GIFT__CONN_HELLO;
     c->conns[shard].challenged = 0;
-    send_hello(c, shard);
+    gift__send_hello(c, shard);
 }
 
 /* Everything that was queued on the lost connection must go again. */
@@ -987,12 +811,12 @@ void gift__eng_conn_down(gift_client_t *c, uint32_t shard)
     for (size_t i = 0; c->io_declared && i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
         for (uint32_t j = 0; j < w->nchunks; j++) {
-            if (chunk_of(c, w, j)->shard != shard)
+            if (gift__chunk_of(c, w, j)->shard != shard)
                 continue;
             w->ps[0].sent[j] = w->ps[1].sent[j] = 0;
             w->pl[0].sent[j] = w->pl[1].sent[j] = 0;
         }
-        if (w->geometry && owner_of(c, w) == shard) {
+        if (w->geometry && gift__owner_of(c, w) == shard) {
             w->fetch_sent = 0;
             if (w->sk_pending)
                 w->sk_unsent = 1;
@@ -1013,9 +837,9 @@ static void resync(gift_client_t *c, uint32_t shard, int replay)
 {
     for (size_t i = 0; i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
-        if (w->geometry && owner_of(c, w) == shard) {
-            send_geo_request(c, w);
-            send_sketch(c, w);
+        if (w->geometry && gift__owner_of(c, w) == shard) {
+            gift__send_geo_request(c, w);
+            gift__send_sketch(c, w);
         }
     }
     for (size_t i = 0; i < c->nwires; i++) {
@@ -1024,14 +848,14 @@ static void resync(gift_client_t *c, uint32_t shard, int replay)
         for (int k = 0; k < 2; k++) {
             gift__pstate_t *ps = &w->ps[k ? !a : a];
             if ((ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED) && ps->need_replay)
-                send_push_chunks(c, w, ps, shard, replay);
+                gift__send_push_chunks(c, w, ps, shard, replay);
         }
     }
     for (size_t i = 0; i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
         for (int k = 0; k < 2; k++)
             if (w->pl[k].state == GIFT__PL_PENDING)
-                send_pull_chunks(c, w, &w->pl[k]);
+                gift__send_pull_chunks(c, w, &w->pl[k]);
     }
 }
 
@@ -1049,7 +873,7 @@ static int on_auth_challenge(gift_client_t *c, uint32_t shard, const Gift__AuthC
     if (c->auth == NULL)
         fprintf(stderr, "giftclient: shard %u requires authentication; set GIFT_AUTH_KEY_FILE "
                         "to its key file\n", shard);
-    send_hello(c, shard);
+    gift__send_hello(c, shard);
     return 0;
 }
 
@@ -1085,7 +909,7 @@ static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *
     cn->max_frame = a->max_frame_bytes;
     c->io->backoff_reset(c, shard);
     if (c->io_declared) {
-        send_declare(c, shard);
+        gift__send_declare(c, shard);
     } else {
         cn->state = GIFT__CONN_READY;
         if (cn->lost)
@@ -1128,7 +952,7 @@ static void on_push_ack(gift_client_t *c, uint32_t shard, const Gift__PushAck *a
 {
     gift__wire_t *w = wire_key(c, a->key);
     gift__pstate_t *ps;
-    if (w == NULL || a->chunk >= w->nchunks || chunk_of(c, w, a->chunk)->shard != shard)
+    if (w == NULL || a->chunk >= w->nchunks || gift__chunk_of(c, w, a->chunk)->shard != shard)
         return;
     ps = &w->ps[a->step & 1];
     if (ps->state != GIFT__PS_SENT || ps->step != a->step || ps->acked[a->chunk])
@@ -1151,7 +975,7 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
 
     if (w == NULL || m->chunk >= w->nchunks)
         return;
-    ch = chunk_of(c, w, m->chunk);
+    ch = gift__chunk_of(c, w, m->chunk);
     if (ch->shard != shard)
         return;
     if (w->geometry && m->chunk == 0) {
@@ -1160,7 +984,7 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
         if (m->latest_epoch > w->newest && !w->fetching) {
             w->fetching = 1;
             w->fetch_sent = 0;
-            send_geo_request(c, w);
+            gift__send_geo_request(c, w);
         }
         if (w->sk_pending && m->step >= w->sk_step) {
             w->sk_pending = 0;
@@ -1399,7 +1223,7 @@ void gift__eng_turn_end(gift_client_t *c)
 
 void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j)
 {
-    gift__chunk_t *ch = chunk_of(c, w, j);
+    gift__chunk_t *ch = gift__chunk_of(c, w, j);
     gift__lstate_t *pl = &w->pl[ps->step & 1];
     if (ps->state != GIFT__PS_SENT)
         return;
@@ -1411,10 +1235,10 @@ void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_
     }
     if (j + 1 > ps->nenc)
         ps->nenc = j + 1;
-    if (ready(c, ch->shard) && !ps->sent[j] && queue_push(c, w, ps, ch) == 0)
+    if (gift__ready(c, ch->shard) && !ps->sent[j] && gift__send_push(c, w, ps, ch) == 0)
         ps->sent[j] = 1;
     if (pl->state == GIFT__PL_PENDING && pl->step == ps->step)
-        send_pull_chunks(c, w, pl);
+        gift__send_pull_chunks(c, w, pl);
 }
 
 void gift__eng_push_fail(gift_client_t *c, gift__pstate_t *ps, int rc)

@@ -331,6 +331,24 @@ struct gift_client {
 /* Counters (any thread). */
 #define GIFT__STAT_ADD(c, field, v) __atomic_fetch_add(&(c)->st.field, (v), __ATOMIC_RELAXED)
 
+/* Chunk j of wire w. */
+static inline gift__chunk_t *gift__chunk_of(gift_client_t *c, const gift__wire_t *w, uint32_t j)
+{
+    return &c->chunks[w->chunk0 + j];
+}
+
+/* The shard that owns w's geometry (holds its chunk 0). */
+static inline uint32_t gift__owner_of(gift_client_t *c, const gift__wire_t *w)
+{
+    return gift__chunk_of(c, w, 0)->shard;
+}
+
+/* 1 when shard's connection has shaken hands (and declared, once declared). */
+static inline int gift__ready(const gift_client_t *c, uint32_t shard)
+{
+    return c->conns[shard].state == GIFT__CONN_READY;
+}
+
 /* ---- mailbox.c ---- */
 /* Caller: appends cmd to the queue (its done and rc cleared); the caller
  * then wakes the I/O thread (c->io->wake). */
@@ -358,6 +376,27 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out);
  * tensors, placement, buffers and each shard's packed Declare. 0 or a code
  * (what was built goes at close). */
 int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n);
+
+/* ---- frames.c (I/O thread): what the engine sends, through c->io ---- */
+/* Queues the Push of chunk ch of ps (its payload; ps->inflight counts the
+ * write). 0 or the queue's code. */
+int gift__send_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, gift__chunk_t *ch);
+/* Queues every encoded chunk of ps not yet queued on its shard's connection
+ * (only_shard: that shard alone, or UINT32_MAX); replay counts them. */
+void gift__send_push_chunks(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
+                            uint32_t only_shard, int replay);
+/* Queues the Pull of every chunk of pl not yet queued; a chunk whose push of
+ * the same step is not queued yet waits for it. */
+void gift__send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
+/* The GeometryRequest of w, when one is wanted and not yet sent. */
+void gift__send_geo_request(gift_client_t *c, gift__wire_t *w);
+/* w's computed sketch (w->Y), when not yet sent. */
+void gift__send_sketch(gift_client_t *c, gift__wire_t *w);
+/* The first Hello of a connection, or the second (with the MAC) after an
+ * AuthChallenge; drops the connection when it cannot be queued. */
+void gift__send_hello(gift_client_t *c, uint32_t shard);
+/* The shard's packed Declare; the connection is DECLARING (or dropped). */
+void gift__send_declare(gift_client_t *c, uint32_t shard);
 
 /* ---- engine.c (I/O thread) ---- */
 void gift__eng_commands(gift_client_t *c);
