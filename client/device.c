@@ -170,6 +170,8 @@ static int dev_malloc(void **p, size_t bytes)
     return cuda_rc(cudaMalloc(p, bytes ? bytes : 4));
 }
 
+static const gift__path_t dev_path; /* below, with the entry points */
+
 int gift__dev_declare(gift_client_t *c)
 {
     gift__gpu_t *g;
@@ -239,6 +241,7 @@ int gift__dev_declare(gift_client_t *c)
         if ((dw = calloc(1, sizeof *dw)) == NULL)
             return GIFT_ENOMEM;
         w->dw = dw;
+        w->path = &dev_path;
         dw->d = d;
         (void)cudaSetDevice(d->dev);
         rc = GIFT_ENOMEM;
@@ -652,7 +655,7 @@ static void dev_kick(gift_client_t *c, gift__gdev_t *d)
     d->kicking = 0;
 }
 
-void gift__dev_quiesce(gift_client_t *c, gift__wire_t *w)
+static void dev_quiesce(gift_client_t *c, gift__wire_t *w)
 {
     gift__gdev_t *d;
     (void)c;
@@ -693,7 +696,7 @@ void gift__dev_poll(gift_client_t *c)
 /* The engine's entry points                                             */
 /* ------------------------------------------------------------------ */
 
-void gift__dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
+static void dev_push_job(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
 {
     gift__job_t *j = &w->dw->push;
     j->slot = (int)(ps - w->ps);
@@ -701,7 +704,7 @@ void gift__dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const
     job_queue(c, j);
 }
 
-void gift__dev_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
+static void dev_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
 {
     int s = (int)(pl - w->pl);
     w->dw->pgen[s]++;
@@ -709,8 +712,8 @@ void gift__dev_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
     memset(w->dw->dec[s], 0, w->nchunks);
 }
 
-void gift__dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
-                          const gift__chunk_t *ch, const void *payload, size_t len)
+static void dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                           const gift__chunk_t *ch, const void *payload, size_t len)
 {
     gift__dwire_t *dw = w->dw;
     int s = (int)(pl - w->pl);
@@ -721,7 +724,8 @@ void gift__dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
     job_queue(c, &dw->pull[s]);
 }
 
-int gift__dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, const gift__geo_t *G)
+static int dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r,
+                      const gift__geo_t *G)
 {
     gift__gdev_t *d = w->dw->d;
     const gift_gpu_geometry_t *dg;
@@ -753,8 +757,45 @@ int gift__dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, co
                               cudaMemcpyDeviceToHost));
 }
 
-int gift__dev_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
+static int dev_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
 {
     (void)cudaSetDevice(w->dw->d->dev);
     return cuda_rc(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice));
 }
+
+/* The device path's push: begun as the engine's, then the push job runs the
+ * transform, residual and encoding on the wire's GPU. */
+static void dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                     const gift__geo_t *G, uint32_t epoch)
+{
+    (void)G;
+    gift__eng_push_begin(c, w, ps, epoch, NULL); /* not in nencoding: the device reports */
+    dev_push_job(c, w, ps, src);
+}
+
+/* Replies are decoded by the pull job, once staged (dev_pull_chunk). */
+static int dev_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                      const gift__chunk_t *ch, const void *payload, size_t len)
+{
+    (void)c, (void)w, (void)pl, (void)ch, (void)payload, (void)len;
+    return 0;
+}
+
+/* T^-1 ran on the device with the decode. */
+static int dev_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
+{
+    (void)c, (void)w, (void)pl;
+    return 0;
+}
+
+static const gift__path_t dev_path = {
+    .push = dev_push,
+    .turns = 0,
+    .pull_reset = dev_pull_reset,
+    .decode = dev_decode,
+    .chunk_done = dev_pull_chunk,
+    .finish = dev_finish,
+    .copy = dev_copy,
+    .sketch = dev_sketch,
+    .quiesce = dev_quiesce,
+};

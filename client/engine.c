@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gift_kernels.h"
 #include "giftclient_internal.h"
 
 /* ------------------------------------------------------------------ */
@@ -155,8 +156,7 @@ static void detach(gift_client_t *c, gift__req_t *r)
     pl->epoch_set = 0;
     memset(pl->got, 0, w->nchunks);
     memset(pl->sent, 0, w->nchunks);
-    if (w->dw != NULL)
-        gift__dev_pull_reset(w, pl);
+    w->path->pull_reset(w, pl);
     gift__send_pull_chunks(c, w, pl);
 }
 
@@ -193,8 +193,7 @@ static void req_finish(gift_client_t *c, gift__req_t *r, int rc)
             /* Failed from outside its device work (timeout, Error frame):
              * the GPU may still read grad or write out; wait for it. */
             gift__wire_t *w = wire_of(c, r);
-            if (w->dw != NULL)
-                gift__dev_quiesce(c, w);
+            w->path->quiesce(c, w);
         }
         if (op->prev)
             op->prev->next = op->next;
@@ -325,7 +324,8 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
         if (w->ef_on)
             rc = encode_ef(w, ps, &cp, ch, pay);
         else
-            rc = gift_encode(&cp, p + ch->off, ch->n, pay, ch->push_l.total);
+            rc = gift__backend_cpu()->encode(NULL, &cp, p + ch->off, ch->n, pay,
+                                             ch->push_l.total);
         if (rc < 0) {
             stop_encoding(c, w);
             fail_ps(c, ps, rc);
@@ -351,7 +351,7 @@ void gift__eng_encode_more(gift_client_t *c)
     while (c->nencoding > 0 && done < GIFT__ENCODE_TURN_BYTES) {
         gift__wire_t *best = NULL;
         for (size_t i = 0; i < c->nwires; i++)
-            if (c->wires[i].encoding != NULL && c->wires[i].dw == NULL &&
+            if (c->wires[i].encoding != NULL && c->wires[i].path->turns &&
                 (best == NULL || c->wires[i].push_prio > best->push_prio))
                 best = &c->wires[i];
         if (best == NULL) { /* cannot happen: nencoding counts these */
@@ -364,8 +364,8 @@ void gift__eng_encode_more(gift_client_t *c)
 
 /* ps's step starts sending under epoch: nothing encoded, acked or sent yet;
  * encp is what the chunks are encoded from (NULL on a device wire). */
-static void push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
-                       const float *encp)
+void gift__eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
+                          const float *encp)
 {
     if (w->pushed_once && epoch != w->last_epoch)
         GIFT__STAT_ADD(c, epochs_switched, 1);
@@ -382,47 +382,45 @@ static void push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, ui
     w->encoding = ps;
 }
 
-/* Transforms (geometry), adds the residual (error feedback), then encodes the
- * chunks of ps's step, a few per loop turn (encode_chunks), queueing each as
- * soon as it is encoded. A device wire does all of that on its GPU
- * (gift__dev_push), which reports each chunk once its payload is in host
- * memory (gift__eng_push_chunk_ready). */
-static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
+/* The host path's push (gift__path_t.push): transforms (geometry), rebases
+ * or resets the residual (error feedback), then encodes the chunks, a few per
+ * loop turn (encode_chunks), queueing each as soon as it is encoded. */
+static void host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                      const gift__geo_t *G, uint32_t epoch)
 {
     const float *p = src;
-    gift__geo_t *G = NULL;
-    uint32_t epoch = 0;
     int rc;
 
-    if (w->geometry) {
-        if ((G = geo_for_step(w, ps->step)) == NULL) {
-            fail_ps(c, ps, GIFT_EEPOCH);
+    if (G != NULL && !G->g.identity) {
+        if ((rc = gift__backend_cpu()->transform(NULL, &G->g, 0, src, (int)w->rows, w->p,
+                                                 w->work)) < 0) {
+            fail_ps(c, ps, rc);
             return;
         }
-        epoch = G->g.epoch;
-    }
-    if (w->dw != NULL) {
-        push_begin(c, w, ps, epoch, NULL); /* not counted in nencoding: the device reports */
-        gift__dev_push(c, w, ps, src);
-        return;
-    }
-    if (w->geometry) {
-        if (!G->g.identity) {
-            if ((rc = gift_transform(&G->g, 0, src, (int)w->rows, w->p, w->work)) < 0) {
-                fail_ps(c, ps, rc);
-                return;
-            }
-            p = w->p;
-        }
+        p = w->p;
     }
     if (w->ef_on && w->ef.epoch != epoch) { /* the residual is added as each chunk encodes */
         gift__geo_t *old = geo_by_epoch(w, w->ef.epoch);
         if (old == NULL || G == NULL || gift_ef_rebase(&w->ef, &old->g, &G->g, w->work) < 0)
             gift_ef_reset(&w->ef, epoch);
     }
-    push_begin(c, w, ps, epoch, p);
+    gift__eng_push_begin(c, w, ps, epoch, p);
     c->nencoding++;
     encode_chunks(c, w, GIFT__ENCODE_TURN_BYTES);
+}
+
+/* Starts ps's push of src under the epoch valid for its step, on the wire's
+ * path: the host's (host_push), or a device's, which reports each chunk
+ * once its payload is in host memory (gift__eng_push_chunk_ready). */
+static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
+{
+    gift__geo_t *G = NULL;
+
+    if (w->geometry && (G = geo_for_step(w, ps->step)) == NULL) {
+        fail_ps(c, ps, GIFT_EEPOCH);
+        return;
+    }
+    w->path->push(c, w, ps, src, G, G != NULL ? G->g.epoch : 0);
 }
 
 /* Starts a push request, or returns 0 when it must wait. */
@@ -514,8 +512,7 @@ static int try_pull(gift_client_t *c, gift__req_t *r)
     memset(pl->got, 0, w->nchunks);
     memset(pl->sent, 0, w->nchunks);
     pl->target = fused ? pl->mean : r->out;
-    if (w->dw != NULL)
-        gift__dev_pull_reset(w, pl);
+    w->path->pull_reset(w, pl);
     list_push(&pl->reqs, r);
     gift__send_pull_chunks(c, w, pl);
     return 1;
@@ -527,13 +524,8 @@ static void pull_complete(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
     gift__pstate_t *ps = &w->ps[pl->step & 1];
     int rc = pl->err, rc1 = 0, fused = w->nmembers > 1;
 
-    if (rc == 0 && w->geometry && w->dw == NULL) { /* a device wire's T^-1 ran on the GPU */
-        gift__geo_t *G = geo_by_epoch(w, pl->epoch);
-        if (G == NULL)
-            rc = GIFT_EEPOCH;
-        else if (!G->g.identity)
-            rc = gift_transform(&G->g, 1, pl->target, (int)w->rows, pl->target, w->work);
-    }
+    if (rc == 0)
+        rc = w->path->finish(c, w, pl);
     if (ps->state != GIFT__PS_IDLE && ps->step == pl->step)
         ps->need_replay = 0;
     pl->state = (rc == 0 && fused) ? GIFT__PL_READY : GIFT__PL_IDLE;
@@ -544,10 +536,8 @@ static void pull_complete(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
         if (rc == 0) {
             if (fused)
                 memcpy(r->out, pl->mean + m->off, m->n * sizeof(float));
-            else if (r->out != pl->target && w->dw != NULL)
-                rc1 = gift__dev_copy(w, r->out, pl->target, w->n);
             else if (r->out != pl->target)
-                memcpy(r->out, pl->target, w->n * sizeof(float));
+                rc1 = w->path->copy(w, r->out, pl->target, w->n);
         }
         req_finish(c, r, rc < 0 ? rc : rc1);
         rc1 = 0;
@@ -564,8 +554,7 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
     gift__wire_t *w = wire_of(c, r);
     gift__pstate_t *ps = &w->ps[r->step & 1];
     gift__geo_t *G;
-    size_t need = (size_t)r->n * w->ks;
-    int rc = 0;
+    int rc;
 
     if (!settled(w, r->step) || w->sk_inflight > 0)
         return 0;
@@ -578,21 +567,8 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
         req_finish(c, r, GIFT_EEPOCH);
         return 1;
     }
-    if (w->dw != NULL) {
-        if ((rc = gift__dev_sketch(c, w, r, G)) == 1)
-            return 0; /* the device is busy with a push or a pull: after it */
-    } else if (need > w->skw_cap) {
-        float *nw = realloc(w->skw, need * sizeof(float));
-        if (nw == NULL) {
-            req_finish(c, r, GIFT_ENOMEM);
-            return 1;
-        }
-        w->skw = nw;
-        w->skw_cap = need;
-    }
-    if (w->dw == NULL)
-        rc = gift_sketch(r->in, (int)r->n, (int)w->cols, G->g.U, (int)w->ks, w->Y, &w->sk_trace,
-                         w->skw);
+    if ((rc = w->path->sketch(c, w, r, G)) == 1)
+        return 0; /* a device busy with a push or a pull: after it */
     if (rc < 0) {
         req_finish(c, r, rc);
         return 1;
@@ -605,6 +581,91 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
     req_finish(c, r, 0);
     return 1;
 }
+
+/* ------------------------------------------------------------------ */
+/* The host path (gift__path_t): host memory, the CPU backend             */
+/* ------------------------------------------------------------------ */
+
+static void host_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
+{
+    (void)w;
+    (void)pl;
+}
+
+static int host_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                       const gift__chunk_t *ch, const void *payload, size_t len)
+{
+    (void)c;
+    return gift__backend_cpu()->decode(NULL, &w->pull, payload, len, ch->n, pl->target + ch->off);
+}
+
+static void host_chunk_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                            const gift__chunk_t *ch, const void *payload, size_t len)
+{
+    (void)ch;
+    (void)payload;
+    (void)len;
+    if (pl->ngot == w->nchunks)
+        pull_complete(c, w, pl);
+}
+
+/* T^-1 of the pulled mean, in place, under the epoch it came in. */
+static int host_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
+{
+    gift__geo_t *G;
+    (void)c;
+    if (!w->geometry)
+        return 0;
+    if ((G = geo_by_epoch(w, pl->epoch)) == NULL)
+        return GIFT_EEPOCH;
+    if (G->g.identity)
+        return 0;
+    return gift__backend_cpu()->transform(NULL, &G->g, 1, pl->target, (int)w->rows, pl->target,
+                                          w->work);
+}
+
+static int host_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
+{
+    (void)w;
+    memcpy(dst, src, n * sizeof(float));
+    return 0;
+}
+
+/* The sketch of X against G's basis into w->Y and w->sk_trace, its scratch
+ * grown once to the largest X seen. */
+static int host_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r,
+                       const gift__geo_t *G)
+{
+    size_t need = (size_t)r->n * w->ks;
+    (void)c;
+    if (need > w->skw_cap) {
+        float *nw = realloc(w->skw, need * sizeof(float));
+        if (nw == NULL)
+            return GIFT_ENOMEM;
+        w->skw = nw;
+        w->skw_cap = need;
+    }
+    return gift_sketch(r->in, (int)r->n, (int)w->cols, G->g.U, (int)w->ks, w->Y, &w->sk_trace,
+                       w->skw);
+}
+
+static void host_quiesce(gift_client_t *c, gift__wire_t *w)
+{
+    (void)c;
+    (void)w;
+}
+
+static const gift__path_t host_path = {
+    .push = host_push,
+    .turns = 1,
+    .pull_reset = host_pull_reset,
+    .decode = host_decode,
+    .chunk_done = host_chunk_done,
+    .finish = host_finish,
+    .copy = host_copy,
+    .sketch = host_sketch,
+    .quiesce = host_quiesce,
+};
 
 /* ------------------------------------------------------------------ */
 /* Member queues                                                         */
@@ -762,7 +823,10 @@ void gift__eng_commands(gift_client_t *c)
             c->io->connect(c);
             break;
         case GIFT__CMD_DECLARE: {
-            int rc = gift__dev_declare(c);
+            int rc;
+            for (size_t i = 0; i < c->nwires; i++)
+                c->wires[i].path = &host_path; /* a device wire's: set by gift__dev_declare */
+            rc = gift__dev_declare(c);
             if (rc < 0) {
                 gift__cmd_done(c, cmd, rc);
                 break;
@@ -999,10 +1063,8 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
         rc = GIFT_ESHAPE;
     } else if (w->geometry && pl->epoch_set && m->epoch != pl->epoch) {
         rc = GIFT_EEPOCH;
-    } else if (w->dw != NULL) {
-        rc = 0; /* decoded on the device, below */
     } else {
-        rc = gift_decode(&w->pull, f->payload, (size_t)f->payload_len, ch->n, pl->target + ch->off);
+        rc = w->path->decode(c, w, pl, ch, f->payload, (size_t)f->payload_len);
     }
     if (!pl->epoch_set) {
         pl->epoch = m->epoch;
@@ -1012,10 +1074,7 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
         pl->err = rc;
     pl->got[m->chunk] = 1;
     pl->ngot++;
-    if (w->dw != NULL) /* completes the pull once the device is done with it */
-        gift__dev_pull_chunk(c, w, pl, ch, rc == 0 ? f->payload : NULL, (size_t)f->payload_len);
-    else if (pl->ngot == w->nchunks)
-        pull_complete(c, w, pl);
+    w->path->chunk_done(c, w, pl, ch, rc == 0 ? f->payload : NULL, (size_t)f->payload_len);
 }
 
 static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_frame_t *f)

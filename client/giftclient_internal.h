@@ -185,6 +185,7 @@ typedef struct gift__geo {
 } gift__geo_t;
 
 typedef struct gift__dwire gift__dwire_t; /* device.c: a device wire's buffers */
+typedef struct gift__path gift__path_t;   /* how a wire's memory is encoded and decoded */
 typedef struct gift__gpu gift__gpu_t;     /* device.c: a client's devices */
 
 typedef struct gift__wire {
@@ -225,7 +226,46 @@ typedef struct gift__wire {
     /* Device tensors (GIFT_MEMORY_CUDA; never fused): */
     int memory, device;
     gift__dwire_t *dw; /* NULL for host wires; set on the I/O thread at declare */
+    const gift__path_t *path; /* host or device path; set on the I/O thread at declare */
 } gift__wire_t;
+
+/* The memory path of a wire: how its pushes are transformed and encoded and
+ * its pulls decoded and transformed back, for the kind of memory its
+ * buffers live in. The engine calls only these, never a device function of
+ * its own choosing: the host path (engine.c) runs the CPU backend
+ * (gift__backend_cpu(), codec/gift_kernels.h) on the I/O thread, the device
+ * path (device.c) queues the same work as jobs on the wire's GPU through
+ * gift__backend_cuda's entry points and reports back through the
+ * gift__eng_* calls below. Set for every wire at declaration (CMD_DECLARE),
+ * a device wire's by gift__dev_declare. */
+struct gift__path {
+    /* Starts ps's push of src (step and slot set) under G (NULL: Euclidean)
+     * and epoch: gift__eng_push_begin, then encodes and queues its chunks. */
+    void (*push)(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                 const gift__geo_t *G, uint32_t epoch);
+    int turns; /* 1: encode_more encodes its pushes a few chunks per loop turn */
+    /* A pull starts or restarts on pl: forget what was staged. */
+    void (*pull_reset)(gift__wire_t *w, gift__lstate_t *pl);
+    /* Chunk ch's checked reply payload: decoded into pl->target now (host),
+     * or 0 and later (device). 0 or the decode's code. */
+    int (*decode)(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl, const gift__chunk_t *ch,
+                  const void *payload, size_t len);
+    /* Chunk ch is in (pl->got, ngot counted; payload NULL when refused):
+     * completes pl once its last chunk is decoded. */
+    void (*chunk_done)(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                       const gift__chunk_t *ch, const void *payload, size_t len);
+    /* Every chunk of pl decoded: T^-1 in place when it is not done already.
+     * 0 or a code (GIFT_EEPOCH: the epoch is not held). */
+    int (*finish)(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
+    /* dst = src, n floats of the wire's memory. 0 or a code. */
+    int (*copy)(gift__wire_t *w, float *dst, const float *src, size_t n);
+    /* The sketch of r's X against G's basis into w->Y and w->sk_trace.
+     * 1 when it must wait (the device is busy), else 0 or a code. */
+    int (*sketch)(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, const gift__geo_t *G);
+    /* An operation on w failed from outside its memory's work (a timeout, a
+     * shard's Error): returns once nothing reads its input or writes its out. */
+    void (*quiesce)(gift_client_t *c, gift__wire_t *w);
+};
 
 enum gift__conn_state {
     GIFT__CONN_DOWN = 0,
@@ -415,6 +455,11 @@ void gift__eng_free_wires(gift_client_t *c);
  * device is done with w's push (w->encoding cleared); every chunk of pl is
  * decoded and transformed back in pl->target, or pl failed with pl->err. */
 void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j);
+/* For a path's push: ps's step starts sending under epoch (nothing encoded,
+ * acked or sent yet; w->encoding = ps); encp is what the chunks are encoded
+ * from on the host (NULL on a device). */
+void gift__eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
+                          const float *encp);
 void gift__eng_push_fail(gift_client_t *c, gift__pstate_t *ps, int rc);
 void gift__eng_push_encoded(gift_client_t *c, gift__wire_t *w);
 void gift__eng_pull_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
@@ -428,32 +473,9 @@ int gift__eng_push_gone(gift__pstate_t *ps);
  * only). */
 int gift__dev_available(int device, const char *name);
 /* I/O thread, at declaration: a context per device used, every device
- * wire's device buffers and pinned staging (ps->payload). 0 or a code
- * (said on stderr). */
+ * wire's device buffers and pinned staging (ps->payload), and its path
+ * (w->path: the device path of gift__path_t). 0 or a code (said on stderr). */
 int gift__dev_declare(gift_client_t *c);
-/* Queues w's push of ps (step, epoch set; w->encoding = ps) from the
- * device gradient src; its chunks come back through the engine calls above. */
-void gift__dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src);
-/* A pull of w starts or restarts on pl (forget what was staged). */
-void gift__dev_pull_reset(gift__wire_t *w, gift__lstate_t *pl);
-/* Chunk ch's reply payload (len bytes, checked): staged in pinned memory
- * and decoded on the device into pl->target; pl->got/ngot are the
- * caller's. Call also after a failed reply (pl->err set), so the pull
- * completes once nothing of it is on the device. */
-void gift__dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
-                          const gift__chunk_t *ch, const void *payload, size_t len);
-/* The sketch of device X against G's basis into w->Y and w->sk_trace
- * (synchronous). Returns 1 when the device is busy (retry later), else 0
- * or a code. */
-int gift__dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, const gift__geo_t *G);
-/* dst = src, n floats of device memory on w's device (synchronous). */
-int gift__dev_copy(gift__wire_t *w, float *dst, const float *src, size_t n);
-/* An operation on device wire w fails while its GPU work may still be in
- * flight (a timeout, a shard's Error frame): waits until the device no
- * longer reads the caller's gradient or writes its out, so the caller may
- * free them once the operation completes. A no-op when w's device runs
- * nothing of w. */
-void gift__dev_quiesce(gift_client_t *c, gift__wire_t *w);
 /* Takes the reports of finished GPU work (host functions woke the loop). */
 void gift__dev_poll(gift_client_t *c);
 /* I/O thread, closing: waits for the devices, frees every device resource. */
