@@ -102,19 +102,6 @@ struct gift__dwire {
     int *st_host;      /* pinned, as many: the status the GPU copies out */
 };
 
-static gift__chunk_t *chunk_at(gift_client_t *c, const gift__wire_t *w, uint32_t j)
-{
-    return &c->chunks[w->chunk0 + j];
-}
-
-static gift__geo_t *geo_epoch(gift__wire_t *w, uint32_t e)
-{
-    for (int i = 0; i < GIFT__GEO_SLOTS; i++)
-        if (w->geo[i].used && w->geo[i].g.epoch == e)
-            return &w->geo[i];
-    return NULL;
-}
-
 static int cuda_rc(cudaError_t e)
 {
     if (e == cudaSuccess)
@@ -206,8 +193,8 @@ int gift__dev_declare(gift_client_t *c)
             }
         }
         for (uint32_t j = 0; j < w->nchunks; j++) {
-            push_area += chunk_at(c, w, j)->push_l.total;
-            pull_area += chunk_at(c, w, j)->pull_l.total;
+            push_area += gift__chunk_of(c, w, j)->push_l.total;
+            pull_area += gift__chunk_of(c, w, j)->pull_l.total;
         }
         d->n_max = max_sz(d->n_max, w->n);
         d->work_max = max_sz(d->work_max, w->geometry ? (size_t)w->rows * w->k : 0);
@@ -250,7 +237,7 @@ int gift__dev_declare(gift_client_t *c)
             (dw->st_host = gift_gpu_host_alloc(nr * sizeof(int))) == NULL)
             goto fail;
         for (uint32_t j = 0; j < w->nchunks; j++) {
-            const gift__chunk_t *ch = chunk_at(c, w, j);
+            const gift__chunk_t *ch = gift__chunk_of(c, w, j);
             push_area += ch->push_l.total;
             dw->pull_off[j] = dw->pull_area;
             dw->pull_area += ch->pull_l.total;
@@ -428,7 +415,7 @@ static void push_retire(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         if (w->ef_on && j->first_bad < w->nchunks) {
             /* From the failing chunk on, the residual update read a decode
              * that wrote nothing: start those chunks' residual afresh. */
-            size_t off = chunk_at(c, w, j->first_bad)->off;
+            size_t off = gift__chunk_of(c, w, j->first_bad)->off;
             (void)cudaMemsetAsync(w->dw->e_dev + off, 0, (w->n - off) * sizeof(float),
                                   (cudaStream_t)gift_gpu_ctx_stream(d->ctx));
             (void)gift_gpu_sync(d->ctx);
@@ -456,14 +443,14 @@ static int run_push(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
     }
     (void)cudaSetDevice(d->dev);
     if (w->geometry) {
-        if ((G = geo_epoch(w, ps->epoch)) == NULL)
+        if ((G = gift__geo_by_epoch(w, ps->epoch)) == NULL)
             rc = GIFT_EEPOCH;
         else
             rc = geo_dev(d, w, G, &dg);
     }
     if (rc == 0 && w->ef_on && dw->ef_epoch != ps->epoch) {
         /* The residual follows the geometry (gift_ef_rebase), else restarts. */
-        gift__geo_t *old = geo_epoch(w, dw->ef_epoch);
+        gift__geo_t *old = gift__geo_by_epoch(w, dw->ef_epoch);
         const gift_gpu_geometry_t *dold = NULL;
         if (old == NULL || G == NULL || geo_dev(d, w, old, &dold) < 0 ||
             gift_gpu_transform(d->ctx, dold, 1, dw->e_dev, (int)w->rows, dw->e_dev, d->work_dev) <
@@ -477,7 +464,7 @@ static int run_push(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         rc = gift_gpu_push_prepare(d->ctx, dg, j->src, (int)w->rows, (int)w->cols,
                                    w->ef_on ? dw->e_dev : NULL, d->p_dev, d->work_dev);
     for (uint32_t k = 0; rc == 0 && k < w->nchunks; k++) {
-        const gift__chunk_t *ch = chunk_at(c, w, k);
+        const gift__chunk_t *ch = gift__chunk_of(c, w, k);
         gift_codec_params_t cp = w->push;
         cp.sr.seed = c->seed;
         cp.sr.rank = (uint32_t)c->rank;
@@ -566,11 +553,11 @@ static int run_pull(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         last &= dw->staged[j->slot][k] || dw->dec[j->slot][k];
     if (last && w->geometry) {
         /* The epoch's upload first: it waits for the device, idle now. */
-        gift__geo_t *G = geo_epoch(w, pl->epoch);
+        gift__geo_t *G = gift__geo_by_epoch(w, pl->epoch);
         rc = G == NULL ? GIFT_EEPOCH : geo_dev(d, w, G, &dg);
     }
     for (uint32_t k = 0; rc == 0 && k < w->nchunks; k++) {
-        const gift__chunk_t *ch = chunk_at(c, w, k);
+        const gift__chunk_t *ch = gift__chunk_of(c, w, k);
         if (!dw->staged[j->slot][k] || dw->dec[j->slot][k])
             continue;
         rc = gift_gpu_pull_chunk(d->ctx, &w->pull, dw->stage[j->slot] + dw->pull_off[k],
@@ -765,12 +752,13 @@ static int dev_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
 
 /* The device path's push: begun as the engine's, then the push job runs the
  * transform, residual and encoding on the wire's GPU. */
-static void dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
-                     const gift__geo_t *G, uint32_t epoch)
+static int dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                    const gift__geo_t *G, uint32_t epoch)
 {
     (void)G;
     gift__eng_push_begin(c, w, ps, epoch, NULL); /* not in nencoding: the device reports */
     dev_push_job(c, w, ps, src);
+    return 0;
 }
 
 /* Replies are decoded by the pull job, once staged (dev_pull_chunk). */

@@ -37,7 +37,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gift_kernels.h"
 #include "giftclient_internal.h"
 
 /* ------------------------------------------------------------------ */
@@ -92,15 +91,6 @@ static void list_remove(gift__req_t *r)
 static gift__wire_t *wire_of(gift_client_t *c, const gift__req_t *r)
 {
     return &c->wires[c->mem[r->id].wire];
-}
-
-/* The geometry slot holding epoch e, or NULL. */
-static gift__geo_t *geo_by_epoch(gift__wire_t *w, uint32_t e)
-{
-    for (int i = 0; i < GIFT__GEO_SLOTS; i++)
-        if (w->geo[i].used && w->geo[i].g.epoch == e)
-            return &w->geo[i];
-    return NULL;
 }
 
 /* The epoch valid for pushes of step t: the newest one valid from t or earlier. */
@@ -232,11 +222,6 @@ static void fail_pl(gift_client_t *c, gift__lstate_t *pl, int rc)
 /* Push                                                                  */
 /* ------------------------------------------------------------------ */
 
-/* A push encodes about this many input bytes per loop turn (at least one
- * chunk): between turns the loop writes what was queued, so the shard
- * decodes chunk j while this thread encodes chunk j + 1. */
-#define GIFT__ENCODE_TURN_BYTES (1u << 20)
-
 int gift__eng_push_gone(gift__pstate_t *ps)
 {
     if (ps->state == GIFT__PS_SENT && ps->reqs.head != NULL)
@@ -247,119 +232,6 @@ int gift__eng_push_gone(gift__pstate_t *ps)
         ps->need_replay = 0;
     }
     return 1;
-}
-
-static void stop_encoding(gift_client_t *c, gift__wire_t *w)
-{
-    if (w->encoding == NULL)
-        return;
-    w->encoding = NULL;
-    c->nencoding--;
-    c->rescan = 1;
-}
-
-/* Encodes chunk ch of ps's push with error feedback: with v = p + e (p the
- * push's input, e the chunk's residual), the bytes gift_encode gives for v,
- * and e = v - decode(those bytes). One cache-resident pass over p and e
- * (gift_encode_mean_ef with scale 1: v = (p * 1 + 0) + e, the value of
- * p + e; only a zero's sign can differ, -0 + -0 giving +0, and the residual
- * does not). v is written out only where that pass does not go (stochastic
- * rounding, an fp8 block over 4096), into the push's scratch. After a failed
- * encode the chunk's residual is unspecified (all zeros after a non-finite
- * input on the one-pass path). Returns 0 or the encode's error. */
-static int encode_ef(gift__wire_t *w, gift__pstate_t *ps, const gift_codec_params_t *cp,
-                     const gift__chunk_t *ch, uint8_t *pay)
-{
-    float *e = w->ef.e + ch->off, *q;
-    const float *pc = ps->encp + ch->off;
-    int rc = GIFT_EFORMAT;
-
-    if (!cp->stochastic)
-        rc = gift_encode_mean_ef(cp, pc, ch->n, 1.0f, e, pay, ch->push_l.total);
-    if (rc != GIFT_EFORMAT)
-        return rc;
-    q = (w->nmembers > 1 ? ps->asmb : w->p) + ch->off;
-    if (q != pc)
-        memcpy(q, pc, ch->n * sizeof(float));
-    gift_vec_add(q, e, ch->n);
-    if ((rc = gift_encode(cp, q, ch->n, pay, ch->push_l.total)) < 0 ||
-        (rc = gift_decode(cp, pay, ch->push_l.total, ch->n, e)) < 0)
-        return rc;
-    gift_vec_sub(q, e, ch->n, e);
-    return 0;
-}
-
-/* Encodes the next chunks of w's push (at least one, then while under budget
- * bytes of input), updates the residual of each, and queues each Push as
- * soon as it is encoded, followed by the Pull of the same chunk when that
- * pull waits. A chunk that fails to encode (NaN/Inf: GIFT_ENONFINITE) is
- * never sent and fails the push; the chunks before it were already queued
- * and the shard keeps them (a retry of the step is acknowledged as a
- * duplicate for those). Returns the input bytes encoded. */
-static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
-{
-    gift__pstate_t *ps = w->encoding;
-    gift__lstate_t *pl;
-    size_t done = 0;
-    int rc;
-
-    if (ps == NULL)
-        return 0;
-    if (gift__eng_push_gone(ps)) {
-        stop_encoding(c, w);
-        return 0;
-    }
-    pl = &w->pl[ps->step & 1];
-    while (ps->nenc < w->nchunks && (done == 0 || done < budget)) {
-        uint32_t j = ps->nenc;
-        gift__chunk_t *ch = gift__chunk_of(c, w, j);
-        gift_codec_params_t cp = w->push;
-        uint8_t *pay = ps->payload + ch->push_off;
-        const float *p = ps->encp;
-        cp.sr.seed = c->seed;
-        cp.sr.rank = (uint32_t)c->rank;
-        cp.sr.key = w->key;
-        cp.sr.chunk = ch->idx;
-        cp.sr.step = ps->step;
-        if (w->ef_on)
-            rc = encode_ef(w, ps, &cp, ch, pay);
-        else
-            rc = gift__backend_cpu()->encode(NULL, &cp, p + ch->off, ch->n, pay,
-                                             ch->push_l.total);
-        if (rc < 0) {
-            stop_encoding(c, w);
-            fail_ps(c, ps, rc);
-            return done;
-        }
-        ps->nenc = j + 1;
-        done += ch->n * sizeof(float);
-        if (gift__ready(c, ch->shard) && gift__send_push(c, w, ps, ch) == 0)
-            ps->sent[j] = 1;
-        if (pl->state == GIFT__PL_PENDING && pl->step == ps->step)
-            gift__send_pull_chunks(c, w, pl);
-    }
-    if (ps->nenc == w->nchunks)
-        stop_encoding(c, w);
-    return done;
-}
-
-/* The turn's encoding: about GIFT__ENCODE_TURN_BYTES, pushes of higher
- * priority first (the order their frames would have been sorted in). */
-void gift__eng_encode_more(gift_client_t *c)
-{
-    size_t done = 0;
-    while (c->nencoding > 0 && done < GIFT__ENCODE_TURN_BYTES) {
-        gift__wire_t *best = NULL;
-        for (size_t i = 0; i < c->nwires; i++)
-            if (c->wires[i].encoding != NULL && c->wires[i].path->turns &&
-                (best == NULL || c->wires[i].push_prio > best->push_prio))
-                best = &c->wires[i];
-        if (best == NULL) { /* cannot happen: nencoding counts these */
-            c->nencoding = 0;
-            break;
-        }
-        done += encode_chunks(c, best, GIFT__ENCODE_TURN_BYTES - done);
-    }
 }
 
 /* ps's step starts sending under epoch: nothing encoded, acked or sent yet;
@@ -382,45 +254,20 @@ void gift__eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
     w->encoding = ps;
 }
 
-/* The host path's push (gift__path_t.push): transforms (geometry), rebases
- * or resets the residual (error feedback), then encodes the chunks, a few per
- * loop turn (encode_chunks), queueing each as soon as it is encoded. */
-static void host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
-                      const gift__geo_t *G, uint32_t epoch)
-{
-    const float *p = src;
-    int rc;
-
-    if (G != NULL && !G->g.identity) {
-        if ((rc = gift__backend_cpu()->transform(NULL, &G->g, 0, src, (int)w->rows, w->p,
-                                                 w->work)) < 0) {
-            fail_ps(c, ps, rc);
-            return;
-        }
-        p = w->p;
-    }
-    if (w->ef_on && w->ef.epoch != epoch) { /* the residual is added as each chunk encodes */
-        gift__geo_t *old = geo_by_epoch(w, w->ef.epoch);
-        if (old == NULL || G == NULL || gift_ef_rebase(&w->ef, &old->g, &G->g, w->work) < 0)
-            gift_ef_reset(&w->ef, epoch);
-    }
-    gift__eng_push_begin(c, w, ps, epoch, p);
-    c->nencoding++;
-    encode_chunks(c, w, GIFT__ENCODE_TURN_BYTES);
-}
-
 /* Starts ps's push of src under the epoch valid for its step, on the wire's
  * path: the host's (host_push), or a device's, which reports each chunk
  * once its payload is in host memory (gift__eng_push_chunk_ready). */
 static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
 {
     gift__geo_t *G = NULL;
+    int rc;
 
     if (w->geometry && (G = geo_for_step(w, ps->step)) == NULL) {
         fail_ps(c, ps, GIFT_EEPOCH);
         return;
     }
-    w->path->push(c, w, ps, src, G, G != NULL ? G->g.epoch : 0);
+    if ((rc = w->path->push(c, w, ps, src, G, G != NULL ? G->g.epoch : 0)) < 0)
+        fail_ps(c, ps, rc);
 }
 
 /* Starts a push request, or returns 0 when it must wait. */
@@ -563,7 +410,7 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
         req_finish(c, r, GIFT_EINVAL);
         return 1;
     }
-    if ((G = geo_by_epoch(w, w->newest)) == NULL) {
+    if ((G = gift__geo_by_epoch(w, w->newest)) == NULL) {
         req_finish(c, r, GIFT_EEPOCH);
         return 1;
     }
@@ -581,91 +428,6 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
     req_finish(c, r, 0);
     return 1;
 }
-
-/* ------------------------------------------------------------------ */
-/* The host path (gift__path_t): host memory, the CPU backend             */
-/* ------------------------------------------------------------------ */
-
-static void host_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
-{
-    (void)w;
-    (void)pl;
-}
-
-static int host_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
-                       const gift__chunk_t *ch, const void *payload, size_t len)
-{
-    (void)c;
-    return gift__backend_cpu()->decode(NULL, &w->pull, payload, len, ch->n, pl->target + ch->off);
-}
-
-static void host_chunk_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
-                            const gift__chunk_t *ch, const void *payload, size_t len)
-{
-    (void)ch;
-    (void)payload;
-    (void)len;
-    if (pl->ngot == w->nchunks)
-        pull_complete(c, w, pl);
-}
-
-/* T^-1 of the pulled mean, in place, under the epoch it came in. */
-static int host_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
-{
-    gift__geo_t *G;
-    (void)c;
-    if (!w->geometry)
-        return 0;
-    if ((G = geo_by_epoch(w, pl->epoch)) == NULL)
-        return GIFT_EEPOCH;
-    if (G->g.identity)
-        return 0;
-    return gift__backend_cpu()->transform(NULL, &G->g, 1, pl->target, (int)w->rows, pl->target,
-                                          w->work);
-}
-
-static int host_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
-{
-    (void)w;
-    memcpy(dst, src, n * sizeof(float));
-    return 0;
-}
-
-/* The sketch of X against G's basis into w->Y and w->sk_trace, its scratch
- * grown once to the largest X seen. */
-static int host_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r,
-                       const gift__geo_t *G)
-{
-    size_t need = (size_t)r->n * w->ks;
-    (void)c;
-    if (need > w->skw_cap) {
-        float *nw = realloc(w->skw, need * sizeof(float));
-        if (nw == NULL)
-            return GIFT_ENOMEM;
-        w->skw = nw;
-        w->skw_cap = need;
-    }
-    return gift_sketch(r->in, (int)r->n, (int)w->cols, G->g.U, (int)w->ks, w->Y, &w->sk_trace,
-                       w->skw);
-}
-
-static void host_quiesce(gift_client_t *c, gift__wire_t *w)
-{
-    (void)c;
-    (void)w;
-}
-
-static const gift__path_t host_path = {
-    .push = host_push,
-    .turns = 1,
-    .pull_reset = host_pull_reset,
-    .decode = host_decode,
-    .chunk_done = host_chunk_done,
-    .finish = host_finish,
-    .copy = host_copy,
-    .sketch = host_sketch,
-    .quiesce = host_quiesce,
-};
 
 /* ------------------------------------------------------------------ */
 /* Member queues                                                         */
@@ -825,7 +587,7 @@ void gift__eng_commands(gift_client_t *c)
         case GIFT__CMD_DECLARE: {
             int rc;
             for (size_t i = 0; i < c->nwires; i++)
-                c->wires[i].path = &host_path; /* a device wire's: set by gift__dev_declare */
+                c->wires[i].path = &gift__host_path; /* a device wire's: gift__dev_declare */
             rc = gift__dev_declare(c);
             if (rc < 0) {
                 gift__cmd_done(c, cmd, rc);
@@ -1097,7 +859,7 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
         check_cmds(c);
         return;
     }
-    if (geo_by_epoch(w, m->epoch) != NULL) {
+    if (gift__geo_by_epoch(w, m->epoch) != NULL) {
         check_cmds(c);
         return;
     }

@@ -240,10 +240,12 @@ typedef struct gift__wire {
  * a device wire's by gift__dev_declare. */
 struct gift__path {
     /* Starts ps's push of src (step and slot set) under G (NULL: Euclidean)
-     * and epoch: gift__eng_push_begin, then encodes and queues its chunks. */
-    void (*push)(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
-                 const gift__geo_t *G, uint32_t epoch);
-    int turns; /* 1: encode_more encodes its pushes a few chunks per loop turn */
+     * and epoch: gift__eng_push_begin, then encodes and queues its chunks.
+     * Returns 0, or a code when it could not start (nothing was sent: the
+     * engine fails the push). */
+    int (*push)(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                const gift__geo_t *G, uint32_t epoch);
+    int turns; /* 1: gift__host_encode_more encodes its pushes, a few chunks a turn */
     /* A pull starts or restarts on pl: forget what was staged. */
     void (*pull_reset)(gift__wire_t *w, gift__lstate_t *pl);
     /* Chunk ch's checked reply payload: decoded into pl->target now (host),
@@ -368,6 +370,19 @@ struct gift_client {
     uint64_t backoff_reset_ns;
 };
 
+/* The host path (host.c), every wire's unless gift__dev_declare gives it a
+ * device's. */
+extern const gift__path_t gift__host_path;
+
+/* The geometry slot of w holding epoch e, or NULL. */
+static inline gift__geo_t *gift__geo_by_epoch(gift__wire_t *w, uint32_t e)
+{
+    for (int i = 0; i < GIFT__GEO_SLOTS; i++)
+        if (w->geo[i].used && w->geo[i].g.epoch == e)
+            return &w->geo[i];
+    return NULL;
+}
+
 /* Counters (any thread). */
 #define GIFT__STAT_ADD(c, field, v) __atomic_fetch_add(&(c)->st.field, (v), __ATOMIC_RELAXED)
 
@@ -438,6 +453,11 @@ void gift__send_hello(gift_client_t *c, uint32_t shard);
 /* The shard's packed Declare; the connection is DECLARING (or dropped). */
 void gift__send_declare(gift_client_t *c, uint32_t shard);
 
+/* ---- host.c (I/O thread) ---- */
+/* The end of a loop turn, before gift__eng_turn_end: encodes about 1 MiB of
+ * the host pushes still encoding, higher priority first. */
+void gift__host_encode_more(gift_client_t *c);
+
 /* ---- engine.c (I/O thread) ---- */
 void gift__eng_commands(gift_client_t *c);
 void gift__eng_conn_up(gift_client_t *c, uint32_t shard);
@@ -447,7 +467,7 @@ void gift__eng_conn_failed(gift_client_t *c, uint32_t shard, int code);
 int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f);
 void gift__eng_tick(gift_client_t *c);
 void gift__eng_turn_end(gift_client_t *c);
-void gift__eng_encode_more(gift_client_t *c); /* loop turn end, before turn_end */
+
 /* Frees the per-wire buffers (any thread, once the I/O thread is gone). */
 void gift__eng_free_wires(gift_client_t *c);
 /* For device.c: chunk j of ps is encoded, its payload in ps->payload (queue

@@ -448,7 +448,7 @@ static void on_check(uv_check_t *h)
 {
     gift__net_t *net = h->data;
     if (!net->stopping)
-        gift__eng_encode_more(net->c);
+        gift__host_encode_more(net->c);
     gift__eng_turn_end(net->c);
     if (net->stopping)
         return;

@@ -159,7 +159,7 @@ static const gift__io_t FAKE_IO = {
 static void turn(void)
 {
     for (int i = 0; i < 16; i++) {
-        gift__eng_encode_more(C);
+        gift__host_encode_more(C);
         gift__eng_turn_end(C);
         if (C->nencoding == 0)
             break;
