@@ -34,26 +34,18 @@
 #include <uv.h>
 
 #include "giftclient_internal.h"
+#include "gift_batch.h"
 #include "gift_util.h"
 
 #define TICK_MS 10
 #define GIFT__NET_RING 8 /* batches per connection: in flight + the collecting one */
 
-typedef struct out_item {
-    size_t head_off, head_len;
-    const uint8_t *payload;
-    size_t len;
-    int *inflight;
-    int64_t prio;
-    size_t order;
-} out_item_t;
-
+/* One batch of queued frames (gift_batch.h; a frame's ref is its payload
+ * owner's count of writes in flight, or NULL), with its write request and
+ * the uv_buf_t array of that write. */
 typedef struct out_batch {
     uv_write_t wreq;
-    uint8_t *heads;
-    size_t heads_len, heads_cap;
-    out_item_t *items;
-    size_t nitems, items_cap;
+    gift_batch_t b;
     uv_buf_t *bufs;
     size_t bufs_cap;
 } out_batch_t;
@@ -94,31 +86,24 @@ static uint64_t hrtime_ns(void)
 /* Write queue                                                           */
 /* ------------------------------------------------------------------ */
 
+/* A written or dropped frame: its payload's owner may reuse it now. */
+static void item_release(void *ref, void *arg)
+{
+    gift_client_t *c = arg;
+    (*(int *)ref)--;
+    c->rescan = 1;
+}
+
 static void batch_release(gift_client_t *c, out_batch_t *b)
 {
-    for (size_t i = 0; i < b->nitems; i++)
-        if (b->items[i].inflight != NULL) {
-            (*b->items[i].inflight)--;
-            c->rescan = 1;
-        }
-    b->nitems = 0;
-    b->heads_len = 0;
+    gift_batch_release(&b->b, item_release, c);
 }
 
 static void batch_free(out_batch_t *b)
 {
-    free(b->heads);
-    free(b->items);
+    gift_batch_free(&b->b);
     free(b->bufs);
     memset(b, 0, sizeof *b);
-}
-
-static int item_cmp(const void *a, const void *b)
-{
-    const out_item_t *x = a, *y = b;
-    if (x->prio != y->prio)
-        return x->prio > y->prio ? -1 : 1;
-    return x->order < y->order ? -1 : (x->order > y->order);
 }
 
 static void conn_drop(uconn_t *u);
@@ -138,16 +123,16 @@ static void flush(uconn_t *u)
     size_t nb = 0;
     int rc;
 
-    if (u->writing >= GIFT__NET_RING - 1 || !u->connected || b->nitems == 0)
+    if (u->writing >= GIFT__NET_RING - 1 || !u->connected || b->b.nitems == 0)
         return;
-    if (gift_grow((void **)&b->bufs, &b->bufs_cap, 2 * b->nitems, sizeof(uv_buf_t)) < 0) {
+    if (gift_grow((void **)&b->bufs, &b->bufs_cap, 2 * b->b.nitems, sizeof(uv_buf_t)) < 0) {
         conn_drop(u);
         return;
     }
-    qsort(b->items, b->nitems, sizeof *b->items, item_cmp);
-    for (size_t i = 0; i < b->nitems; i++) {
-        out_item_t *it = &b->items[i];
-        b->bufs[nb++] = uv_buf_init((char *)b->heads + it->head_off, (unsigned)it->head_len);
+    gift_batch_sort(&b->b);
+    for (size_t i = 0; i < b->b.nitems; i++) {
+        const gift_batch_item_t *it = &b->b.items[i];
+        b->bufs[nb++] = uv_buf_init((char *)b->b.heads + it->head_off, (unsigned)it->head_len);
         if (it->len > 0)
             b->bufs[nb++] = uv_buf_init((char *)it->payload, (unsigned)it->len);
     }
@@ -175,32 +160,16 @@ static void on_write(uv_write_t *req, int status)
 static int queue_item(uconn_t *u, size_t head_len, const void *payload, size_t len, int64_t prio,
                       int *inflight, uint8_t **head)
 {
-    out_batch_t *b = collecting(u);
-    out_item_t *it;
     if (!u->connected)
         return GIFT_ECLOSED;
-    if (gift_grow((void **)&b->heads, &b->heads_cap, b->heads_len + head_len, 1) < 0 ||
-        gift_grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(out_item_t)) < 0)
-        return GIFT_ENOMEM;
-    it = &b->items[b->nitems];
-    it->head_off = b->heads_len;
-    it->head_len = head_len;
-    it->payload = payload;
-    it->len = payload ? len : 0;
-    it->inflight = inflight;
-    it->prio = prio;
-    it->order = b->nitems;
-    *head = b->heads + b->heads_len;
-    return 0;
+    return gift_batch_reserve(&collecting(u)->b, head_len, payload, len, inflight, prio, head);
 }
 
 static void queue_commit(gift_client_t *c, uconn_t *u, size_t head_len)
 {
-    out_batch_t *b = collecting(u);
-    out_item_t *it = &b->items[b->nitems++];
-    b->heads_len += head_len;
-    if (it->inflight)
-        (*it->inflight)++;
+    gift_batch_item_t *it = gift_batch_commit(&collecting(u)->b, head_len);
+    if (it->ref)
+        (*(int *)it->ref)++;
     GIFT__STAT_ADD(c, frames_out, 1);
     GIFT__STAT_ADD(c, bytes_out, head_len + it->len);
 }
