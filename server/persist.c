@@ -314,13 +314,141 @@ static int restore_declare(gift_shard_t *s, const uint8_t *p, size_t len, char *
     return rc;
 }
 
-/* Applies the checkpoint body. Returns 0 or a negative code with err. */
+#define SHORT_BODY 1 /* a load step's: the body is inconsistent at the cursor */
+
+/* Chunk i of the checkpoint: its step, the replies of its last two
+ * finished steps and its pull residual. 0, a code with err, or SHORT_BODY. */
+static int load_chunk(gift_shard_t *s, gift_ckpt_cur_t *c, size_t i, char *err, size_t errlen)
+{
+    chunk_t *ch = &s->chunks[i];
+    size_t n;
+    uint32_t key = gift_ckpt_get_u32(c), id = gift_ckpt_get_u32(c);
+    ch->started = gift_ckpt_get_u32(c) != 0;
+    ch->base = gift_ckpt_get_u64(c);
+    if (c->err)
+        return SHORT_BODY;
+    if (key != ch->t->key || id != ch->id) {
+        snprintf(err, errlen, "chunk %zu of the checkpoint is %u/%u, not %u/%u", i, key, id,
+                 ch->t->key, ch->id);
+        return GIFT_EIO;
+    }
+    for (int j = 0; j < 2; j++) {
+        reply_t *r = &ch->reply[j];
+        const uint8_t *p;
+        r->valid = gift_ckpt_get_u32(c) != 0;
+        r->durable = 1;
+        r->err = (int)gift_ckpt_get_u32(c);
+        r->step = gift_ckpt_get_u64(c);
+        r->epoch = gift_ckpt_get_u32(c);
+        p = gift_ckpt_get_blob(c, &n, ch->pull_l.total);
+        if (c->err)
+            return SHORT_BODY;
+        if (r->valid && !r->err && n != ch->pull_l.total) {
+            snprintf(err, errlen, "reply of tensor %u chunk %u has %zu bytes, not %zu", key, id,
+                     n, ch->pull_l.total);
+            return GIFT_EIO;
+        }
+        memcpy(r->buf->data, p, n);
+        r->buf->len = ch->pull_l.total;
+    }
+    if (ch->pres != NULL) {
+        const uint8_t *p;
+        ch->pres_epoch = gift_ckpt_get_u32(c);
+        p = gift_ckpt_get_blob(c, &n, ch->n * sizeof(float));
+        if (c->err)
+            return SHORT_BODY;
+        if (n != ch->n * sizeof(float)) {
+            snprintf(err, errlen,
+                     "the pull residual of tensor %u chunk %u has %zu bytes, "
+                     "not %zu",
+                     key, id, n, ch->n * sizeof(float));
+            return GIFT_EIO;
+        }
+        memcpy(ch->pres, p, n);
+    }
+    return 0;
+}
+
+/* The owner state of tensor t (its epoch records, geometry and the
+ * sketches of an unfinished round), saved under aggregate agg. 0, a code
+ * with err, or SHORT_BODY. */
+static int load_owned(gift_shard_t *s, gift_ckpt_cur_t *c, tensor_t *t, uint32_t agg, char *err,
+                      size_t errlen)
+{
+    size_t n;
+    int rc;
+    size_t ny = (size_t)t->cols * t->ks, ul, ll, yl;
+    const uint8_t *U, *L, *p;
+    uint32_t epoch, identity;
+    double trace, sigma2, delta;
+    if (gift_ckpt_get_u32(c) != t->key || c->err)
+        return SHORT_BODY;
+    t->nepochs = gift_ckpt_get_u32(c);
+    if (t->nepochs == 0 || t->nepochs > MAX_EPOCH_RECS)
+        return SHORT_BODY;
+    for (uint32_t e = 0; e < t->nepochs; e++) {
+        t->epochs[e].epoch = gift_ckpt_get_u32(c);
+        t->epochs[e].valid_from = gift_ckpt_get_u64(c);
+    }
+    epoch = gift_ckpt_get_u32(c);
+    identity = gift_ckpt_get_u32(c);
+    trace = gift_ckpt_get_f64(c);
+    sigma2 = gift_ckpt_get_f64(c);
+    delta = gift_ckpt_get_f64(c);
+    U = gift_ckpt_get_blob(c, &ul, ny * 4);
+    L = gift_ckpt_get_blob(c, &ll, (size_t)t->ks * 4);
+    if (c->err || ul != ny * 4 || ll != (size_t)t->ks * 4)
+        return SHORT_BODY;
+    if ((rc = gift__owner_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) < 0) {
+        snprintf(err, errlen, "tensor %u: the saved geometry of epoch %u is invalid (%s)",
+                 t->key, epoch, gift_strerror(rc));
+        return GIFT_EIO;
+    }
+    t->sk_active = gift_ckpt_get_u32(c) != 0;
+    t->sk_step = gift_ckpt_get_u64(c);
+    t->sk_count = gift_ckpt_get_u32(c);
+    p = gift_ckpt_get_blob(c, &n, s->words * 8);
+    if (c->err || n != s->words * 8)
+        return SHORT_BODY;
+    memcpy(t->sk_ranks, p, n);
+    t->sk_done = gift_ckpt_get_u32(c) != 0;
+    t->sk_done_step = gift_ckpt_get_u64(c);
+    p = gift_ckpt_get_blob(c, &yl, ny * 4);
+    if (c->err || yl != ny * 4)
+        return SHORT_BODY;
+    memcpy(t->ysum, p, yl);
+    t->trace_sum = gift_ckpt_get_f64(c);
+    p = gift_ckpt_get_blob(c, &yl, ny * 4 * (size_t)s->world);
+    if (c->err)
+        return SHORT_BODY;
+    if (t->yr && yl == ny * 4 * (size_t)s->world)
+        memcpy(t->yr, p, yl);
+    else if (t->sk_active && t->sk_count > 0 && (t->yr != NULL) != (yl != 0)) {
+        snprintf(err, errlen,
+                 "tensor %u: a sketch round saved under aggregate = %s cannot continue "
+                 "under aggregate = %s",
+                 t->key, agg == GIFT_SHARD_ORDERED ? "ordered" : "eager",
+                 t->yr ? "ordered" : "eager");
+        return GIFT_ECONFIG;
+    }
+    p = gift_ckpt_get_blob(c, &yl, 8 * (size_t)s->world);
+    if (c->err)
+        return SHORT_BODY;
+    if (t->tr && yl == 8 * (size_t)s->world)
+        memcpy(t->tr, p, yl);
+    return 0;
+}
+
+/* Applies the checkpoint body (snapshot_build's order): the head (shard,
+ * world, aggregate, generation), the declaration, then every chunk
+ * (load_chunk) and every owned tensor (load_owned). Returns 0 or a negative
+ * code with err. */
 static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char *err, size_t errlen)
 {
     gift_ckpt_cur_t c = {body, len, 0, 0};
     uint32_t shard_id, num_shards, world, agg;
     const uint8_t *decl;
-    size_t dlen, n;
+    size_t dlen;
     uint64_t nch;
     int rc;
 
@@ -354,121 +482,20 @@ static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char 
                  nch, s->nchunks);
         return GIFT_EIO;
     }
-    for (size_t i = 0; i < s->nchunks; i++) {
-        chunk_t *ch = &s->chunks[i];
-        uint32_t key = gift_ckpt_get_u32(&c), id = gift_ckpt_get_u32(&c);
-        ch->started = gift_ckpt_get_u32(&c) != 0;
-        ch->base = gift_ckpt_get_u64(&c);
-        if (c.err)
-            goto short_body;
-        if (key != ch->t->key || id != ch->id) {
-            snprintf(err, errlen, "chunk %zu of the checkpoint is %u/%u, not %u/%u", i, key, id,
-                     ch->t->key, ch->id);
-            return GIFT_EIO;
-        }
-        for (int j = 0; j < 2; j++) {
-            reply_t *r = &ch->reply[j];
-            const uint8_t *p;
-            r->valid = gift_ckpt_get_u32(&c) != 0;
-            r->durable = 1;
-            r->err = (int)gift_ckpt_get_u32(&c);
-            r->step = gift_ckpt_get_u64(&c);
-            r->epoch = gift_ckpt_get_u32(&c);
-            p = gift_ckpt_get_blob(&c, &n, ch->pull_l.total);
-            if (c.err)
-                goto short_body;
-            if (r->valid && !r->err && n != ch->pull_l.total) {
-                snprintf(err, errlen, "reply of tensor %u chunk %u has %zu bytes, not %zu", key, id,
-                         n, ch->pull_l.total);
-                return GIFT_EIO;
-            }
-            memcpy(r->buf->data, p, n);
-            r->buf->len = ch->pull_l.total;
-        }
-        if (ch->pres != NULL) {
-            const uint8_t *p;
-            ch->pres_epoch = gift_ckpt_get_u32(&c);
-            p = gift_ckpt_get_blob(&c, &n, ch->n * sizeof(float));
-            if (c.err)
-                goto short_body;
-            if (n != ch->n * sizeof(float)) {
-                snprintf(err, errlen,
-                         "the pull residual of tensor %u chunk %u has %zu bytes, "
-                         "not %zu",
-                         key, id, n, ch->n * sizeof(float));
-                return GIFT_EIO;
-            }
-            memcpy(ch->pres, p, n);
-        }
-    }
-    for (size_t i = 0; i < s->ntensors; i++) {
-        tensor_t *t = &s->tensors[i];
-        size_t ny = (size_t)t->cols * t->ks, ul, ll, yl;
-        const uint8_t *U, *L, *p;
-        uint32_t epoch, identity;
-        double trace, sigma2, delta;
-        if (!t->owner || !t->geometry)
-            continue;
-        if (gift_ckpt_get_u32(&c) != t->key || c.err)
-            goto short_body;
-        t->nepochs = gift_ckpt_get_u32(&c);
-        if (t->nepochs == 0 || t->nepochs > MAX_EPOCH_RECS)
-            goto short_body;
-        for (uint32_t e = 0; e < t->nepochs; e++) {
-            t->epochs[e].epoch = gift_ckpt_get_u32(&c);
-            t->epochs[e].valid_from = gift_ckpt_get_u64(&c);
-        }
-        epoch = gift_ckpt_get_u32(&c);
-        identity = gift_ckpt_get_u32(&c);
-        trace = gift_ckpt_get_f64(&c);
-        sigma2 = gift_ckpt_get_f64(&c);
-        delta = gift_ckpt_get_f64(&c);
-        U = gift_ckpt_get_blob(&c, &ul, ny * 4);
-        L = gift_ckpt_get_blob(&c, &ll, (size_t)t->ks * 4);
-        if (c.err || ul != ny * 4 || ll != (size_t)t->ks * 4)
-            goto short_body;
-        if ((rc = gift__owner_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) < 0) {
-            snprintf(err, errlen, "tensor %u: the saved geometry of epoch %u is invalid (%s)",
-                     t->key, epoch, gift_strerror(rc));
-            return GIFT_EIO;
-        }
-        t->sk_active = gift_ckpt_get_u32(&c) != 0;
-        t->sk_step = gift_ckpt_get_u64(&c);
-        t->sk_count = gift_ckpt_get_u32(&c);
-        p = gift_ckpt_get_blob(&c, &n, s->words * 8);
-        if (c.err || n != s->words * 8)
-            goto short_body;
-        memcpy(t->sk_ranks, p, n);
-        t->sk_done = gift_ckpt_get_u32(&c) != 0;
-        t->sk_done_step = gift_ckpt_get_u64(&c);
-        p = gift_ckpt_get_blob(&c, &yl, ny * 4);
-        if (c.err || yl != ny * 4)
-            goto short_body;
-        memcpy(t->ysum, p, yl);
-        t->trace_sum = gift_ckpt_get_f64(&c);
-        p = gift_ckpt_get_blob(&c, &yl, ny * 4 * (size_t)s->world);
-        if (c.err)
-            goto short_body;
-        if (t->yr && yl == ny * 4 * (size_t)s->world)
-            memcpy(t->yr, p, yl);
-        else if (t->sk_active && t->sk_count > 0 && (t->yr != NULL) != (yl != 0)) {
-            snprintf(err, errlen,
-                     "tensor %u: a sketch round saved under aggregate = %s cannot continue "
-                     "under aggregate = %s",
-                     t->key, agg == GIFT_SHARD_ORDERED ? "ordered" : "eager",
-                     t->yr ? "ordered" : "eager");
-            return GIFT_ECONFIG;
-        }
-        p = gift_ckpt_get_blob(&c, &yl, 8 * (size_t)s->world);
-        if (c.err)
-            goto short_body;
-        if (t->tr && yl == 8 * (size_t)s->world)
-            memcpy(t->tr, p, yl);
-    }
+    for (size_t i = 0; i < s->nchunks; i++)
+        if ((rc = load_chunk(s, &c, i, err, errlen)) != 0)
+            goto step_failed;
+    for (size_t i = 0; i < s->ntensors; i++)
+        if (s->tensors[i].owner && s->tensors[i].geometry &&
+            (rc = load_owned(s, &c, &s->tensors[i], agg, err, errlen)) != 0)
+            goto step_failed;
 end:
     if (gift_ckpt_get_u32(&c) != 0x454e4421u || c.err || c.off != c.len)
         goto short_body;
     return 0;
+step_failed:
+    if (rc < 0)
+        return rc;
 short_body:
     snprintf(err, errlen, "the checkpoint body is inconsistent at byte %zu of %zu", c.off, c.len);
     return GIFT_EIO;
@@ -481,75 +508,155 @@ typedef struct replay_ctx {
     uint64_t records;
 } replay_ctx_t;
 
+/* A Declare record (the world size, then the packed Declare): builds the
+ * store, or checks that it is the one a checkpoint built. */
+static int replay_declare(replay_ctx_t *x, gift_ckpt_cur_t *c)
+{
+    gift_shard_t *s = x->s;
+    const uint8_t *body = c->p;
+    size_t len = c->len;
+    uint32_t world = gift_ckpt_get_u32(c);
+    if (c->err || world == 0 || world > 65536 || (s->world != 0 && world != s->world)) {
+        snprintf(x->err, x->errlen, "the step log declares world size %u; this shard has %u",
+                 world, s->world);
+        return GIFT_EIO;
+    }
+    if (s->declared) {
+        if (len - 4 == s->decl_len && memcmp(body + 4, s->decl, len - 4) == 0)
+            return 0;
+        snprintf(x->err, x->errlen, "the step log declares a second, different tensor list");
+        return GIFT_EIO;
+    }
+    s->world = world;
+    s->words = (world + 63) / 64;
+    return restore_declare(s, body + 4, len - 4, x->err, x->errlen);
+}
+
+/* A finished chunk step: its reply (and pull residual) become the chunk's
+ * newest, and its base moves past it. Steps the checkpoint holds already
+ * are skipped; a gap is corruption. */
+static int replay_step(replay_ctx_t *x, gift_ckpt_cur_t *c)
+{
+    gift_shard_t *s = x->s;
+    const uint8_t *body = c->p;
+    uint32_t key = gift_ckpt_get_u32(c), id = gift_ckpt_get_u32(c);
+    uint64_t step = gift_ckpt_get_u64(c);
+    uint32_t epoch = gift_ckpt_get_u32(c), e = gift_ckpt_get_u32(c);
+    uint32_t n = gift_ckpt_get_u32(c);
+    chunk_t *ch = gift__shard_find_chunk(s, key, id);
+    size_t extra = ch != NULL && ch->pres != NULL ? 4 + ch->n * sizeof(float) : 0;
+    reply_t *r;
+    if (c->err || ch == NULL || (e == 0 && n != ch->pull_l.total) ||
+        c->len - c->off != n + extra) {
+        snprintf(x->err, x->errlen,
+                 "a step record of tensor %u chunk %u does not fit the "
+                 "declaration",
+                 key, id);
+        return GIFT_EIO;
+    }
+    if (ch->started && step < ch->base)
+        return 0; /* already in the checkpoint */
+    if (ch->started && step != ch->base) {
+        snprintf(x->err, x->errlen,
+                 "tensor %u chunk %u: the step log jumps from step %" PRIu64 " to %" PRIu64, key,
+                 id, ch->base, step);
+        return GIFT_EIO;
+    }
+    r = &ch->reply[step & 1];
+    r->valid = 1;
+    r->durable = 1;
+    r->err = (int)e;
+    r->step = step;
+    r->epoch = epoch;
+    memcpy(r->buf->data, body + c->off, n);
+    r->buf->len = ch->pull_l.total;
+    if (ch->pres != NULL) {
+        c->off += n;
+        ch->pres_epoch = gift_ckpt_get_u32(c);
+        memcpy(ch->pres, body + c->off, ch->n * sizeof(float));
+    }
+    ch->started = 1;
+    ch->base = step + 1;
+    return 0;
+}
+
+/* An accepted sketch of an owned tensor t (ny = cols x ks floats): joins
+ * its round again unless the round is done or holds it already. */
+static int replay_sketch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint64_t step,
+                         size_t ny)
+{
+    gift_shard_t *s = x->s;
+    uint32_t rank = gift_ckpt_get_u32(c);
+    uint32_t epoch = gift_ckpt_get_u32(c);
+    double trace = gift_ckpt_get_f64(c);
+    size_t yl;
+    const uint8_t *Y = gift_ckpt_get_blob(c, &yl, ny * 4);
+    (void)epoch;
+    if (c->err || yl != ny * 4 || rank >= s->world) {
+        snprintf(x->err, x->errlen, "a sketch record of tensor %u is malformed", t->key);
+        return GIFT_EIO;
+    }
+    if ((t->sk_done && step <= t->sk_done_step) ||
+        (t->sk_active &&
+         (step < t->sk_step || (step == t->sk_step && bit_get(t->sk_ranks, rank)))))
+        return 0;
+    if (!t->sk_active || step != t->sk_step)
+        gift__owner_sketch_begin(t, s->words, step);
+    gift__owner_sketch_add(t, s->o.aggregate == GIFT_SHARD_ORDERED, rank, trace, Y);
+    s->c.sketches++;
+    return 0;
+}
+
+/* A published epoch of an owned tensor t: restored and published again
+ * (newer than the one held only), its round of step done. */
+static int replay_epoch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint64_t step,
+                        size_t ny)
+{
+    uint32_t epoch = gift_ckpt_get_u32(c);
+    uint64_t valid_from = gift_ckpt_get_u64(c);
+    uint32_t identity = gift_ckpt_get_u32(c);
+    double trace = gift_ckpt_get_f64(c), sigma2 = gift_ckpt_get_f64(c),
+           delta = gift_ckpt_get_f64(c);
+    const uint8_t *U = c->p + c->off, *L = U + ny * 4;
+    int rc;
+    if (c->err || c->len - c->off != ny * 4 + (size_t)t->ks * 4) {
+        snprintf(x->err, x->errlen, "an epoch record of tensor %u is malformed", t->key);
+        return GIFT_EIO;
+    }
+    if (epoch <= t->geo.epoch)
+        return 0;
+    if ((rc = gift__owner_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) < 0) {
+        snprintf(x->err, x->errlen, "tensor %u: the logged epoch %u is invalid (%s)", t->key,
+                 epoch, gift_strerror(rc));
+        return GIFT_EIO;
+    }
+    /* gift__owner_publish re-copies U and lambda and appends the record. */
+    if ((rc = gift__owner_publish(t, valid_from)) < 0)
+        return rc;
+    t->sk_active = 0;
+    t->sk_done = 1;
+    t->sk_done_step = step;
+    return 0;
+}
+
+/* gift_log_replay's callback: one record of the step log, applied by its
+ * type's step above. Returns 0, or a negative code with a sentence in
+ * x->err (the restore then refuses the whole log). */
 static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *arg)
 {
     replay_ctx_t *x = arg;
     gift_shard_t *s = x->s;
     gift_ckpt_cur_t c = {body, len, 0, 0};
     x->records++;
-    if (type == GIFT_LOG_DECLARE) {
-        uint32_t world = gift_ckpt_get_u32(&c);
-        if (c.err || world == 0 || world > 65536 || (s->world != 0 && world != s->world)) {
-            snprintf(x->err, x->errlen, "the step log declares world size %u; this shard has %u",
-                     world, s->world);
-            return GIFT_EIO;
-        }
-        if (s->declared) {
-            if (len - 4 == s->decl_len && memcmp(body + 4, s->decl, len - 4) == 0)
-                return 0;
-            snprintf(x->err, x->errlen, "the step log declares a second, different tensor list");
-            return GIFT_EIO;
-        }
-        s->world = world;
-        s->words = (world + 63) / 64;
-        return restore_declare(s, body + 4, len - 4, x->err, x->errlen);
-    }
+    if (type == GIFT_LOG_DECLARE)
+        return replay_declare(x, &c);
     if (!s->declared) {
         snprintf(x->err, x->errlen, "the step log has a record of type %u before any declaration",
                  type);
         return GIFT_EIO;
     }
-    if (type == GIFT_LOG_STEP) {
-        uint32_t key = gift_ckpt_get_u32(&c), id = gift_ckpt_get_u32(&c);
-        uint64_t step = gift_ckpt_get_u64(&c);
-        uint32_t epoch = gift_ckpt_get_u32(&c), e = gift_ckpt_get_u32(&c);
-        uint32_t n = gift_ckpt_get_u32(&c);
-        chunk_t *ch = gift__shard_find_chunk(s, key, id);
-        size_t extra = ch != NULL && ch->pres != NULL ? 4 + ch->n * sizeof(float) : 0;
-        reply_t *r;
-        if (c.err || ch == NULL || (e == 0 && n != ch->pull_l.total) ||
-            c.len - c.off != n + extra) {
-            snprintf(x->err, x->errlen,
-                     "a step record of tensor %u chunk %u does not fit the "
-                     "declaration",
-                     key, id);
-            return GIFT_EIO;
-        }
-        if (ch->started && step < ch->base)
-            return 0; /* already in the checkpoint */
-        if (ch->started && step != ch->base) {
-            snprintf(x->err, x->errlen,
-                     "tensor %u chunk %u: the step log jumps from step %" PRIu64 " to %" PRIu64,
-                     key, id, ch->base, step);
-            return GIFT_EIO;
-        }
-        r = &ch->reply[step & 1];
-        r->valid = 1;
-        r->durable = 1;
-        r->err = (int)e;
-        r->step = step;
-        r->epoch = epoch;
-        memcpy(r->buf->data, body + c.off, n);
-        r->buf->len = ch->pull_l.total;
-        if (ch->pres != NULL) {
-            c.off += n;
-            ch->pres_epoch = gift_ckpt_get_u32(&c);
-            memcpy(ch->pres, body + c.off, ch->n * sizeof(float));
-        }
-        ch->started = 1;
-        ch->base = step + 1;
-        return 0;
-    }
+    if (type == GIFT_LOG_STEP)
+        return replay_step(x, &c);
     if (type == GIFT_LOG_SKETCH || type == GIFT_LOG_EPOCH) {
         uint32_t key = gift_ckpt_get_u32(&c);
         uint64_t step = gift_ckpt_get_u64(&c);
@@ -563,54 +670,8 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
             return GIFT_EIO;
         }
         ny = (size_t)t->cols * t->ks;
-        if (type == GIFT_LOG_SKETCH) {
-            uint32_t rank = gift_ckpt_get_u32(&c);
-            uint32_t epoch = gift_ckpt_get_u32(&c);
-            double trace = gift_ckpt_get_f64(&c);
-            size_t yl;
-            const uint8_t *Y = gift_ckpt_get_blob(&c, &yl, ny * 4);
-            (void)epoch;
-            if (c.err || yl != ny * 4 || rank >= s->world) {
-                snprintf(x->err, x->errlen, "a sketch record of tensor %u is malformed", key);
-                return GIFT_EIO;
-            }
-            if ((t->sk_done && step <= t->sk_done_step) ||
-                (t->sk_active &&
-                 (step < t->sk_step || (step == t->sk_step && bit_get(t->sk_ranks, rank)))))
-                return 0;
-            if (!t->sk_active || step != t->sk_step)
-                gift__owner_sketch_begin(t, s->words, step);
-            gift__owner_sketch_add(t, s->o.aggregate == GIFT_SHARD_ORDERED, rank, trace, Y);
-            s->c.sketches++;
-            return 0;
-        } else {
-            uint32_t epoch = gift_ckpt_get_u32(&c);
-            uint64_t valid_from = gift_ckpt_get_u64(&c);
-            uint32_t identity = gift_ckpt_get_u32(&c);
-            double trace = gift_ckpt_get_f64(&c), sigma2 = gift_ckpt_get_f64(&c),
-                   delta = gift_ckpt_get_f64(&c);
-            const uint8_t *U = body + c.off, *L = U + ny * 4;
-            int rc;
-            if (c.err || c.len - c.off != ny * 4 + (size_t)t->ks * 4) {
-                snprintf(x->err, x->errlen, "an epoch record of tensor %u is malformed", key);
-                return GIFT_EIO;
-            }
-            if (epoch <= t->geo.epoch)
-                return 0;
-            if ((rc = gift__owner_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) <
-                0) {
-                snprintf(x->err, x->errlen, "tensor %u: the logged epoch %u is invalid (%s)", key,
-                         epoch, gift_strerror(rc));
-                return GIFT_EIO;
-            }
-            /* gift__owner_publish re-copies U and lambda and appends the record. */
-            if ((rc = gift__owner_publish(t, valid_from)) < 0)
-                return rc;
-            t->sk_active = 0;
-            t->sk_done = 1;
-            t->sk_done_step = step;
-            return 0;
-        }
+        return type == GIFT_LOG_SKETCH ? replay_sketch(x, &c, t, step, ny)
+                                       : replay_epoch(x, &c, t, step, ny);
     }
     snprintf(x->err, x->errlen, "the step log has a record of unknown type %u", type);
     return GIFT_EIO;
