@@ -585,22 +585,19 @@ out:
     return rc;
 }
 
-int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
+/* Copies the n descriptors (each carries its own size) into *out (the
+ * caller frees it, also on error) and checks each: shape, codecs, fp8 block,
+ * geometry rank, memory kind and device. 0, GIFT_EINVAL, GIFT_ENOMEM or the
+ * device's code. */
+static int descs_copy(const gift_tensor_desc_t *tensors, size_t n, gift_tensor_desc_t **out)
 {
-    gift_tensor_desc_t *d = NULL;
-    fuse_class_t *cls = NULL;
-    size_t ncls = 0;
-    gift_plan_tensor_t *pt = NULL;
-    gift_plan_t plan;
-    uint64_t max_frame = UINT64_MAX;
-    int rc = GIFT_EINVAL, planned = 0;
+    gift_tensor_desc_t *d;
+    int rc = GIFT_EINVAL;
 
-    memset(&plan, 0, sizeof plan);
-    if (c == NULL || tensors == NULL || n == 0 || n > (1u << 24) || c->declared || c->wires != NULL)
-        return GIFT_EINVAL;
-    /* Copy and validate the descriptors (each carries its own size). */
+    *out = NULL;
     if ((d = calloc(n, sizeof *d)) == NULL)
         return GIFT_ENOMEM;
+    *out = d;
     for (size_t i = 0; i < n; i++) {
         const gift_tensor_desc_t *in =
             (const gift_tensor_desc_t *)((const char *)tensors + i * tensors[0].size);
@@ -608,40 +605,50 @@ int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, siz
         gift_codec_params_t p;
         gift_layout_t l;
         if (sz < offsetof(gift_tensor_desc_t, push_codec))
-            goto out;
+            return rc;
         memcpy(&d[i], in, sz < sizeof d[i] ? sz : sizeof d[i]);
         d[i].size = sizeof d[i];
         if (d[i].rows == 0 || d[i].cols == 0 || (uint64_t)d[i].rows * d[i].cols > UINT32_MAX ||
             (unsigned)d[i].push_codec > GIFT_CODEC_NVFP4 ||
             (unsigned)d[i].pull_codec > GIFT_CODEC_NVFP4)
-            goto out;
+            return rc;
         memset(&p, 0, sizeof p);
         p.fmt = GIFT_FMT_E4M3;
         p.block = d[i].fp8_block;
         if (gift_layout(&p, 1, &l) < 0)
-            goto out;
+            return rc;
         if (d[i].geometry) {
             if (d[i].cols < 2 || d[i].rank > d[i].cols)
-                goto out;
+                return rc;
         }
         if (d[i].memory == GIFT_MEMORY_CUDA) {
             int drc = gift__dev_available(d[i].device, d[i].name ? d[i].name : "(unnamed)");
             if (drc < 0) {
                 rc = drc;
-                goto out;
+                return rc;
             }
         } else if (d[i].memory != GIFT_MEMORY_HOST) {
-            goto out;
+            return rc;
         }
     }
-    if (c->max_frame)
-        max_frame = c->max_frame;
+    return 0;
+}
 
-    /* Members and wire tensors: fusion in declaration order. */
+/* Maps every tensor to a member of a wire tensor: small Euclidean host
+ * tensors are fused into one 1 x N bucket per codec class (in declaration
+ * order, a new bucket when one would exceed a chunk), every other tensor is
+ * a wire of its own (a row wider than a chunk re-cut). Sets each wire's
+ * codecs, flags and geometry rank. 0, GIFT_EINVAL or GIFT_ENOMEM. */
+static int members_build(gift_client_t *c, const gift_tensor_desc_t *d, size_t n)
+{
+    fuse_class_t *cls = NULL;
+    size_t ncls = 0;
+    int rc;
+
     rc = GIFT_ENOMEM;
     if ((c->mem = calloc(n, sizeof *c->mem)) == NULL ||
         (c->wires = calloc(n, sizeof *c->wires)) == NULL || (cls = calloc(n, sizeof *cls)) == NULL)
-        goto out;
+        goto out_free_cls;
     c->nmem = n;
     for (size_t i = 0; i < n; i++) {
         gift__member_t *m = &c->mem[i];
@@ -655,7 +662,7 @@ int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, siz
         if (d[i].name == NULL)
             snprintf(nb, sizeof nb, "tensor%zu", i);
         if ((m->name = strdup(d[i].name ? d[i].name : nb)) == NULL)
-            goto out;
+            goto out_free_cls;
         m->rows = d[i].rows;
         m->cols = d[i].cols;
         m->n = nel;
@@ -726,7 +733,7 @@ int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, siz
                 int ks = gift_basis_cols((int)d[i].cols, k, GIFT_OVERSAMPLE_DEFAULT);
                 if (k < 1 || ks < k) {
                     rc = GIFT_EINVAL;
-                    goto out;
+                    goto out_free_cls;
                 }
                 w->k = (uint32_t)k;
                 w->ks = (uint32_t)ks;
@@ -735,14 +742,23 @@ int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, siz
         }
         m->index = w->nmembers++;
     }
-    /* Wire keys, names, member lists, priorities. */
+    rc = 0;
+out_free_cls:
+    free(cls);
+    return rc;
+}
+
+/* Each wire's key, length, seed, name, member list and the priorities of
+ * its pushes and pulls. 0 or GIFT_ENOMEM. */
+static int wires_name(gift_client_t *c, size_t n)
+{
     for (size_t i = 0; i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
         w->key = (uint32_t)i;
         w->n = (size_t)w->rows * w->cols;
         w->seed = mix64(c->seed + 0x9E3779B97F4A7C15ull * (i + 1));
         if ((w->members = calloc(w->nmembers, sizeof *w->members)) == NULL)
-            goto out;
+            return GIFT_ENOMEM;
         w->nmembers = 0;
     }
     for (size_t i = 0; i < n; i++) {
@@ -759,16 +775,28 @@ int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, siz
         else
             snprintf(nm, sizeof nm, "fused:%.200s+%u", first->name, w->nmembers - 1);
         if ((w->name = strdup(nm)) == NULL)
-            goto out;
+            return GIFT_ENOMEM;
         /* The tensor's priority first; then, within a turn, pushes before
          * pulls (a shard refuses a pull for a chunk nobody has pushed yet);
          * pushes later-declared first, pulls earlier-declared first. */
         w->push_prio = (int64_t)w->prio * (1ll << 33) + (1ll << 32) + hi;
         w->pull_prio = (int64_t)w->prio * (1ll << 33) + (int64_t)(UINT32_MAX - lo);
     }
-    /* Placement. */
+    return 0;
+}
+
+/* Places the wires' chunks on the shards (gift_plan_build), checks every
+ * chunk's payloads against max_frame and allocates each wire's buffers.
+ * 0, GIFT_EINVAL or GIFT_ENOMEM. */
+static int chunks_place(gift_client_t *c, uint64_t max_frame)
+{
+    gift_plan_tensor_t *pt = NULL;
+    gift_plan_t plan;
+    int rc = GIFT_ENOMEM, planned = 0;
+
+    memset(&plan, 0, sizeof plan);
     if ((pt = calloc(c->nwires, sizeof *pt)) == NULL)
-        goto out;
+        goto out_free_plan;
     for (size_t i = 0; i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
         pt[i].rows = w->rows;
@@ -776,11 +804,11 @@ int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, siz
         pt[i].row_weight = row_bytes(&w->push, w->cols) + row_bytes(&w->pull, w->cols);
     }
     if ((rc = gift_plan_build(pt, c->nwires, c->nshards, c->chunk_bytes, &plan)) < 0)
-        goto out;
+        goto out_free_plan;
     planned = 1;
     rc = GIFT_ENOMEM;
     if ((c->chunks = calloc(plan.nchunks, sizeof *c->chunks)) == NULL)
-        goto out;
+        goto out_free_plan;
     c->nchunks = plan.nchunks;
     for (size_t i = 0; i < plan.nchunks; i++) {
         const gift_plan_chunk_t *pc = &plan.chunks[i];
@@ -797,7 +825,7 @@ int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, siz
             gift_layout(&w->pull, ch->n, &ch->pull_l) < 0 || ch->push_l.total > max_frame ||
             ch->pull_l.total > max_frame) {
             rc = GIFT_EINVAL;
-            goto out;
+            goto out_free_plan;
         }
     }
     for (size_t i = 0; i < c->nwires; i++) {
@@ -806,17 +834,34 @@ int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, siz
         w->nchunks = (uint32_t)(plan.first[i + 1] - plan.first[i]);
         if (w->geometry && (uint64_t)w->cols * (w->ks + 1) * 4 > max_frame) {
             rc = GIFT_EINVAL;
-            goto out;
+            goto out_free_plan;
         }
         if ((rc = wire_alloc(c, w)) < 0)
-            goto out;
+            goto out_free_plan;
     }
-    rc = build_declares(c);
-out:
+    rc = 0;
+out_free_plan:
     if (planned)
         gift_plan_free(&plan);
     free(pt);
-    free(cls);
+    return rc;
+}
+
+int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
+{
+    gift_tensor_desc_t *d = NULL;
+    uint64_t max_frame = UINT64_MAX;
+    int rc;
+
+    if (c == NULL || tensors == NULL || n == 0 || n > (1u << 24) || c->declared || c->wires != NULL)
+        return GIFT_EINVAL;
+    if ((rc = descs_copy(tensors, n, &d)) == 0 && (rc = members_build(c, d, n)) == 0 &&
+        (rc = wires_name(c, n)) == 0) {
+        if (c->max_frame)
+            max_frame = c->max_frame;
+        if ((rc = chunks_place(c, max_frame)) == 0)
+            rc = build_declares(c);
+    }
     free(d);
     return rc;
 }
