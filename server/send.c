@@ -71,9 +71,8 @@ void gift__send_verror(gift_shard_t *s, gift_peer_t *p, int code, int fatal, uin
     }
 }
 
-/* Sends an Error frame (the format of gift__send_verror). */
-static void send_error(gift_shard_t *s, gift_peer_t *p, int code, int fatal, uint32_t key,
-                       uint32_t chunk, uint64_t step, uint64_t seq, const char *fmt, ...)
+void gift__send_error(gift_shard_t *s, gift_peer_t *p, int code, int fatal, uint32_t key,
+                      uint32_t chunk, uint64_t step, uint64_t seq, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -90,7 +89,7 @@ void gift__send_reply(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const 
     tensor_t *t = ch->t;
 
     if (r->err) {
-        send_error(s, p, r->err, 0, t->key, ch->id, r->step, seq,
+        gift__send_error(s, p, r->err, 0, t->key, ch->id, r->step, seq,
                    "step %" PRIu64 " of tensor %u chunk %u could not be encoded: %s", r->step,
                    t->key, ch->id, gift_strerror(r->err));
         return;

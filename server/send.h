@@ -27,6 +27,10 @@ int gift__send_frame(gift_shard_t *s, gift_peer_t *p, Gift__Envelope *env, gift_
 void gift__send_verror(gift_shard_t *s, gift_peer_t *p, int code, int fatal, uint32_t key,
                        uint32_t chunk, uint64_t step, uint64_t seq, const char *fmt, va_list ap);
 
+/* The same with the text's arguments. */
+void gift__send_error(gift_shard_t *s, gift_peer_t *p, int code, int fatal, uint32_t key,
+                      uint32_t chunk, uint64_t step, uint64_t seq, const char *fmt, ...);
+
 /* Answers a pull of ch with the finished step r (its shared reply buffer,
  * or an Error when the step could not be encoded). */
 void gift__send_reply(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const reply_t *r,

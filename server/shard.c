@@ -8,7 +8,6 @@
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,26 +79,9 @@ static int hits_step(const gift_shard_t *s, uint64_t step)
 }
 
 /* The senders of send.c, under the names the handlers call them by. */
-static int send_frame(gift_shard_t *s, gift_peer_t *p, Gift__Envelope *env, gift_rbuf_t *buf,
-                      size_t off, size_t len)
-{
-    return gift__send_frame(s, p, env, buf, off, len);
-}
-
-static void send_error(gift_shard_t *s, gift_peer_t *p, int code, int fatal, uint32_t key,
-                       uint32_t chunk, uint64_t step, uint64_t seq, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    gift__send_verror(s, p, code, fatal, key, chunk, step, seq, fmt, ap);
-    va_end(ap);
-}
-
-static void send_reply(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, const reply_t *r,
-                       uint64_t seq)
-{
-    gift__send_reply(s, p, ch, r, seq);
-}
+#define send_frame gift__send_frame
+#define send_error gift__send_error
+#define send_reply gift__send_reply
 
 /* ------------------------------------------------------------------ */
 /* Creation and teardown                                                 */

@@ -466,24 +466,30 @@ static void reply_at(uint64_t step, uint32_t j, uint64_t seq, int line)
     ck_assert_msg(rc == 0, "line %d: PullReply of chunk %u returned %d", line, ch->idx, rc);
 }
 
+/* The reply of chunk 1 completes op with the mean in out; frees op. */
+static void last_reply_at(gift_op_t *op, uint64_t seq, int line)
+{
+    int st = 1;
+    reply_at(0, 1, seq, line);
+    turn();
+    ck_assert_msg(gift_op_test(op, &st) && st == 0, "line %d: op done %d status %d", line,
+                  gift_op_test(op, NULL), st);
+    ck_assert_msg(memcmp(OUT, M, sizeof M) == 0, "line %d: out is not the replied mean", line);
+    gift_op_free(op);
+}
+
 /* One step end to end: Push and Pull per chunk, acks and replies, the op
  * completes with the decoded mean in out. */
 START_TEST(test_push_pull)
 {
     uint64_t seq[2];
-    int st = 1;
     gift_op_t *op = push_pull_at(0, __LINE__);
     expect_push_pull_at(0, seq, __LINE__);
     ck_assert_msg(!gift_op_test(op, NULL), "the op is done before any reply");
     reply_at(0, 0, seq[0], __LINE__);
     turn();
     ck_assert_msg(!gift_op_test(op, NULL), "the op is done with one chunk of two");
-    reply_at(0, 1, seq[1], __LINE__);
-    turn();
-    ck_assert_msg(gift_op_test(op, &st) && st == 0, "op: done %d status %d", gift_op_test(op, NULL),
-                  st);
-    ck_assert_msg(memcmp(OUT, M, sizeof M) == 0, "out is not the replied mean");
-    gift_op_free(op);
+    last_reply_at(op, seq[1], __LINE__);
     EXPECT_QUIET(0);
     EXPECT_QUIET(1);
 }
@@ -542,7 +548,6 @@ START_TEST(test_reconnect_replay)
     uint64_t seq[2];
     const Gift__Envelope *e;
     gift_client_stats_t stats;
-    int st = 1;
     gift_op_t *op = push_pull_at(0, __LINE__);
     expect_push_pull_at(0, seq, __LINE__);
     reply_at(0, 0, seq[0], __LINE__);
@@ -558,12 +563,7 @@ START_TEST(test_reconnect_replay)
     ck_assert_msg(stats.replays == 1 && stats.reconnects == 1,
                   "replays %" PRIu64 ", reconnects %" PRIu64, stats.replays, stats.reconnects);
     ck_assert_msg(!gift_op_test(op, NULL), "the op is done before the last reply");
-    reply_at(0, 1, seq[1], __LINE__);
-    turn();
-    ck_assert_msg(gift_op_test(op, &st) && st == 0, "op: done %d status %d", gift_op_test(op, NULL),
-                  st);
-    ck_assert_msg(memcmp(OUT, M, sizeof M) == 0, "out is not the replied mean");
-    gift_op_free(op);
+    last_reply_at(op, seq[1], __LINE__);
 }
 END_TEST
 
