@@ -177,6 +177,16 @@ static void io_run(void)
     turn();
 }
 
+/* The caller queues cmd (kind, due in `in` ns), the I/O thread runs it. */
+static void command(gift__cmd_t *cmd, int kind, uint64_t in)
+{
+    memset(cmd, 0, sizeof *cmd);
+    cmd->kind = kind;
+    cmd->deadline_ns = F.now + in;
+    gift__cmd_put(C, cmd);
+    io_run();
+}
+
 /* ------------------------------------------------------------------ */
 /* Frames                                                                */
 /* ------------------------------------------------------------------ */
@@ -306,11 +316,7 @@ static void fx_declared(void)
     int rc;
 
     fx_open();
-    memset(&cmd, 0, sizeof cmd);
-    cmd.kind = GIFT__CMD_CONNECT;
-    cmd.deadline_ns = F.now + 1000000000ull;
-    gift__cmd_put(C, &cmd);
-    io_run();
+    command(&cmd, GIFT__CMD_CONNECT, 1000000000ull);
     for (uint32_t s = 0; s < NSHARD; s++)
         SHAKE(s, 0);
     ck_assert_msg(cmd.done && cmd.rc == 0, "connect: done %d rc %d", cmd.done, cmd.rc);
@@ -323,11 +329,7 @@ static void fx_declared(void)
     ck_assert_msg(rc == 0, "gift__declare_build returned %d", rc);
     ck_assert_msg(C->nchunks == 2, "%zu chunks, want 2", C->nchunks);
     C->declared = 1;
-    memset(&cmd, 0, sizeof cmd);
-    cmd.kind = GIFT__CMD_DECLARE;
-    cmd.deadline_ns = F.now + 1000000000ull;
-    gift__cmd_put(C, &cmd);
-    io_run();
+    command(&cmd, GIFT__CMD_DECLARE, 1000000000ull);
     for (uint32_t s = 0; s < NSHARD; s++) {
         TAKE(s, GIFT__ENVELOPE__MSG_DECLARE, NULL);
         ck_assert_int_eq(feed_declare_ack(s), 0);
@@ -343,11 +345,7 @@ static void fx_declared(void)
 START_TEST(test_connect)
 {
     gift__cmd_t cmd;
-    memset(&cmd, 0, sizeof cmd);
-    cmd.kind = GIFT__CMD_CONNECT;
-    cmd.deadline_ns = F.now + 1000000000ull;
-    gift__cmd_put(C, &cmd);
-    io_run();
+    command(&cmd, GIFT__CMD_CONNECT, 1000000000ull);
     ck_assert_msg(F.connects == 1, "%d connect calls", F.connects);
     SHAKE(0, 0);
     ck_assert_msg(!cmd.done, "connect done with one shard of two");
@@ -365,11 +363,7 @@ START_TEST(test_connect_wrong_shard)
 {
     gift__cmd_t cmd;
     int rc;
-    memset(&cmd, 0, sizeof cmd);
-    cmd.kind = GIFT__CMD_CONNECT;
-    cmd.deadline_ns = F.now + 1000000000ull;
-    gift__cmd_put(C, &cmd);
-    io_run();
+    command(&cmd, GIFT__CMD_CONNECT, 1000000000ull);
     F.connected[0] = 1;
     gift__eng_conn_up(C, 0);
     TAKE(0, GIFT__ENVELOPE__MSG_HELLO, NULL);
@@ -383,11 +377,7 @@ END_TEST
 START_TEST(test_connect_timeout)
 {
     gift__cmd_t cmd;
-    memset(&cmd, 0, sizeof cmd);
-    cmd.kind = GIFT__CMD_CONNECT;
-    cmd.deadline_ns = F.now + 1000;
-    gift__cmd_put(C, &cmd);
-    io_run();
+    command(&cmd, GIFT__CMD_CONNECT, 1000);
     gift__eng_tick(C);
     ck_assert_msg(!cmd.done, "connect failed before its deadline");
     F.now += 1000;
