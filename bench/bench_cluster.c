@@ -1387,14 +1387,8 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
     FILE *f;
     bench_json_t j;
 
-    if (bench_mkdir_for(o->json) < 0 || (f = fopen(o->json, "w")) == NULL) {
-        perror(o->json);
+    if ((f = bench_json_begin(&j, o->json, "cluster", "client_version", gift_version(), date)) == NULL)
         return -1;
-    }
-    bench_json_open(&j, f);
-    bench_json_str(&j, "benchmark", "cluster");
-    bench_json_str(&j, "client_version", gift_version());
-    bench_json_str(&j, "date", date);
     bench_json_str(&j, "cpu", cpu);
     bench_json_int(&j, "cores", bench_cpu_count());
     bench_json_int(&j, "shards", o->shards);

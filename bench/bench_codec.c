@@ -464,14 +464,8 @@ static int write_json(const codec_opts_t *o, const codec_bufs_t *b, const codec_
     FILE *f;
     bench_json_t j;
 
-    if (bench_mkdir_for(o->json) < 0 || (f = fopen(o->json, "w")) == NULL) {
-        perror(o->json);
+    if ((f = bench_json_begin(&j, o->json, "codec", "codec_version", GIFT_CODEC_VERSION, date)) == NULL)
         return -1;
-    }
-    bench_json_open(&j, f);
-    bench_json_str(&j, "benchmark", "codec");
-    bench_json_str(&j, "codec_version", GIFT_CODEC_VERSION);
-    bench_json_str(&j, "date", date);
     bench_json_str(&j, "cpu", cpu);
     bench_json_int(&j, "cores", bench_cpu_count());
     bench_json_str(&j, "simd", gift_simd_name(gift_simd_active()));
@@ -755,14 +749,8 @@ static int gpu_write_json(const codec_opts_t *o, const gpu_bench_t *g, const cha
     bench_json_t j;
     FILE *f;
 
-    if (bench_mkdir_for(path) < 0 || (f = fopen(path, "w")) == NULL) {
-        perror(path);
+    if ((f = bench_json_begin(&j, path, "codec_gpu", "codec_version", GIFT_CODEC_VERSION, date)) == NULL)
         return -1;
-    }
-    bench_json_open(&j, f);
-    bench_json_str(&j, "benchmark", "codec_gpu");
-    bench_json_str(&j, "codec_version", GIFT_CODEC_VERSION);
-    bench_json_str(&j, "date", date);
     bench_json_str(&j, "gpu", gpu_name);
     bench_json_int(&j, "mib", o->mib);
     bench_json_int(&j, "n", (long long)g->n);

@@ -315,6 +315,21 @@ void bench_json_open(bench_json_t *j, FILE *f)
     json_push(j, '{');
 }
 
+FILE *bench_json_begin(bench_json_t *j, const char *path, const char *benchmark,
+                       const char *version_key, const char *version, const char *date)
+{
+    FILE *f;
+    if (bench_mkdir_for(path) < 0 || (f = fopen(path, "w")) == NULL) {
+        perror(path);
+        return NULL;
+    }
+    bench_json_open(j, f);
+    bench_json_str(j, "benchmark", benchmark);
+    bench_json_str(j, version_key, version);
+    bench_json_str(j, "date", date);
+    return f;
+}
+
 void bench_json_close(bench_json_t *j)
 {
     json_pop(j, '}');

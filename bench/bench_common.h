@@ -74,6 +74,12 @@ typedef struct bench_json {
 } bench_json_t;
 
 void bench_json_open(bench_json_t *j, FILE *f); /* writes the opening '{' */
+/* The preamble every bench's write_json shares: creates path's folder,
+ * opens path and writes '{', then "benchmark", the version under
+ * version_key and "date". Returns the file (the caller writes the rest,
+ * closes the object and the file), or NULL with perror(path) said. */
+FILE *bench_json_begin(bench_json_t *j, const char *path, const char *benchmark,
+                       const char *version_key, const char *version, const char *date);
 void bench_json_close(bench_json_t *j);         /* writes the closing '}' and newline */
 void bench_json_obj(bench_json_t *j, const char *key);
 void bench_json_obj_end(bench_json_t *j);

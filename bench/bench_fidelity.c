@@ -1050,14 +1050,8 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
     bench_json_t j;
     FILE *f;
 
-    if (bench_mkdir_for(o->json) < 0 || (f = fopen(o->json, "w")) == NULL) {
-        perror(o->json);
+    if ((f = bench_json_begin(&j, o->json, "fidelity", "codec_version", GIFT_CODEC_VERSION, date)) == NULL)
         return -1;
-    }
-    bench_json_open(&j, f);
-    bench_json_str(&j, "benchmark", "fidelity");
-    bench_json_str(&j, "codec_version", GIFT_CODEC_VERSION);
-    bench_json_str(&j, "date", date);
     bench_json_str(&j, "cpu", cpu);
     bench_json_str(&j, "simd", gift_simd_name(gift_simd_active()));
     bench_json_str(&j, "data", st->synthetic ? "synthetic" : st->have_cov ? "files+cov" : "files");
