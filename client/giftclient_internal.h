@@ -14,10 +14,17 @@
  *             connections with backoff, one batched write per turn. It
  *             fills gift__io_t and calls the engine's gift__eng_* entries.
  *
+ *   frames.c  the frames the engine sends, through that table.
+ *   host.c    the host path of gift__path_t: encode, decode, transform on
+ *             the CPU backend; device.c is the device path.
+ *
  * Calls run one way: client.c -> net.c, engine.c, mailbox.c; net.c ->
- * engine.c; engine.c -> mailbox.c, device.c; and engine.c -> net.c only
- * through the table, so the engine runs in tests without sockets
- * (tests/client/test_engine.c).
+ * engine.c, host.c; engine.c -> mailbox.c, frames.c; host.c and device.c
+ * -> engine.c (gift__eng_*). The engine reaches net.c only through
+ * gift__io_t and a tensor's host or device path only through gift__path_t,
+ * so it runs in tests without sockets (tests/client/test_engine.c). It
+ * still calls device.c's lifecycle (gift__dev_declare, _poll, _close,
+ * _free) by name.
  *   device.c  device tensors (GIFT_MEMORY_CUDA) on the GPU through gpu/'s
  *             gift_gpu.h: contexts, device buffers, and the queue of GPU
  *             jobs of each device. Built when CUDA is; device_stub.c (no

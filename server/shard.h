@@ -165,8 +165,9 @@ void gift_shard_tick(gift_shard_t *s);
 
 /* Loads the shard's state from opts.data_dir when checkpoint_steps > 0: the
  * checkpoint if there is one, then the records of its step log; then opens
- * the log for appending. Call once, before any peer. Returns 1 when state was
- * restored, 0 when there was none (or persistence is off), or a negative code
+ * the log for appending and attaches the journal (persist.c; without a
+ * restore nothing is logged). Call once, before any peer. Returns 1 when
+ * state was restored, 0 when there was none (or persistence is off), or a negative code
  * with a sentence in err: a checkpoint or log that is corrupt, truncated, of
  * another shard or cluster, or unreadable is refused whole and the shard
  * must not serve (the caller exits). */
