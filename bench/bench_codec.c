@@ -144,47 +144,30 @@ static int parse_opts(int argc, char **argv, codec_opts_t *o)
     o->json = BENCH_OUT_DIR "/codec.json";
     o->simd = -1;
     o->gpu = o->repeats_set = o->json_set = 0;
+    const bench_opt_t opts[] = {
+        BENCH_LONG("--mib", &o->mib, 1, 16384),
+        BENCH_LONG("--chunk-mib", &o->chunk_mib, 0, 16384),
+        {.name = "--repeats", .kind = BENCH_OPT_LONG, .dst = &o->repeats, .lo = 1,
+         .hi = CODEC_MAX_REPEATS, .set = &o->repeats_set},
+        BENCH_LONG("--din", &o->din, 2, 1 << 16),
+        BENCH_LONG("--k", &o->k, 1, 1 << 16),
+        BENCH_U64("--seed", &o->seed),
+        {.name = "--json", .kind = BENCH_OPT_STR, .dst = &o->json, .need = "a file name",
+         .set = &o->json_set},
+        BENCH_FLAG("--gpu", &o->gpu),
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r;
 
+        if ((r = bench_opt_parse(opts, sizeof opts / sizeof opts[0], argc, argv, &i)) != 0) {
+            if (r < 0)
+                return -1;
+            continue;
+        }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             bench_codec_usage(stdout);
             return 1;
-        } else if (strcmp(a, "--mib") == 0) {
-            if (bench_parse_long(a, v, 1, 16384, &o->mib) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--chunk-mib") == 0) {
-            if (bench_parse_long(a, v, 0, 16384, &o->chunk_mib) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--repeats") == 0) {
-            if (bench_parse_long(a, v, 1, CODEC_MAX_REPEATS, &o->repeats) < 0)
-                return -1;
-            o->repeats_set = 1;
-            i++;
-        } else if (strcmp(a, "--din") == 0) {
-            if (bench_parse_long(a, v, 2, 1 << 16, &o->din) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--k") == 0) {
-            if (bench_parse_long(a, v, 1, 1 << 16, &o->k) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--seed") == 0) {
-            if (bench_parse_u64(a, v, &o->seed) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--json") == 0) {
-            if (v == NULL) {
-                fprintf(stderr, "gift-bench: --json needs a file name\n");
-                return -1;
-            }
-            o->json = v;
-            o->json_set = 1;
-            i++;
-        } else if (strcmp(a, "--gpu") == 0) {
-            o->gpu = 1;
         } else if (strcmp(a, "--simd") == 0) {
             if (v == NULL) {
                 fprintf(stderr, "gift-bench: --simd needs scalar, avx2 or avx512\n");
