@@ -1354,7 +1354,8 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
     FILE *f;
     bench_json_t j;
 
-    if ((f = bench_json_begin(&j, o->json, "cluster", "client_version", gift_version(), date)) == NULL)
+    if ((f = bench_json_begin(&j, o->json, "cluster", "client_version", gift_version(), date)) ==
+        NULL)
         return -1;
     bench_json_str(&j, "cpu", cpu);
     bench_json_int(&j, "cores", bench_cpu_count());

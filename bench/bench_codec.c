@@ -147,13 +147,11 @@ static int parse_opts(int argc, char **argv, codec_opts_t *o)
     const bench_opt_t opts[] = {
         BENCH_LONG("--mib", &o->mib, 1, 16384),
         BENCH_LONG("--chunk-mib", &o->chunk_mib, 0, 16384),
-        {.name = "--repeats", .kind = BENCH_OPT_LONG, .dst = &o->repeats, .lo = 1,
-         .hi = CODEC_MAX_REPEATS, .set = &o->repeats_set},
+        BENCH_LONG_SET("--repeats", &o->repeats, 1, CODEC_MAX_REPEATS, &o->repeats_set),
         BENCH_LONG("--din", &o->din, 2, 1 << 16),
         BENCH_LONG("--k", &o->k, 1, 1 << 16),
         BENCH_U64("--seed", &o->seed),
-        {.name = "--json", .kind = BENCH_OPT_STR, .dst = &o->json, .need = "a file name",
-         .set = &o->json_set},
+        BENCH_STR_SET("--json", &o->json, "a file name", &o->json_set),
         BENCH_FLAG("--gpu", &o->gpu),
     };
     for (int i = 1; i < argc; i++) {
@@ -447,7 +445,8 @@ static int write_json(const codec_opts_t *o, const codec_bufs_t *b, const codec_
     FILE *f;
     bench_json_t j;
 
-    if ((f = bench_json_begin(&j, o->json, "codec", "codec_version", GIFT_CODEC_VERSION, date)) == NULL)
+    if ((f = bench_json_begin(&j, o->json, "codec", "codec_version", GIFT_CODEC_VERSION, date)) ==
+        NULL)
         return -1;
     bench_json_str(&j, "cpu", cpu);
     bench_json_int(&j, "cores", bench_cpu_count());
@@ -732,7 +731,8 @@ static int gpu_write_json(const codec_opts_t *o, const gpu_bench_t *g, const cha
     bench_json_t j;
     FILE *f;
 
-    if ((f = bench_json_begin(&j, path, "codec_gpu", "codec_version", GIFT_CODEC_VERSION, date)) == NULL)
+    if ((f = bench_json_begin(&j, path, "codec_gpu", "codec_version", GIFT_CODEC_VERSION, date)) ==
+        NULL)
         return -1;
     bench_json_str(&j, "gpu", gpu_name);
     bench_json_int(&j, "mib", o->mib);

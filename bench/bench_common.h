@@ -92,6 +92,10 @@ typedef struct bench_opt {
 #define BENCH_U64(n, d) {.name = (n), .kind = BENCH_OPT_U64, .dst = (d)}
 #define BENCH_DOUBLE(n, d, l, h)                                                                   \
     {.name = (n), .kind = BENCH_OPT_DOUBLE, .dst = (d), .dlo = (l), .dhi = (h)}
+#define BENCH_LONG_SET(n, d, l, h, given)                                                          \
+    {.name = (n), .kind = BENCH_OPT_LONG, .dst = (d), .lo = (l), .hi = (h), .set = (given)}
+#define BENCH_STR_SET(n, d, what, given)                                                           \
+    {.name = (n), .kind = BENCH_OPT_STR, .dst = (d), .need = (what), .set = (given)}
 #define BENCH_STR(n, d, what, ne)                                                                  \
     {.name = (n), .kind = BENCH_OPT_STR, .dst = (d), .need = (what), .nonempty = (ne)}
 

@@ -245,10 +245,8 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
     const bench_opt_t opts[] = {
         BENCH_LONG("--rows", &o->rows, 1, 1 << 20),
         BENCH_LONG("--cols", &o->cols, 2, 1 << 15),
-        {.name = "--workers", .kind = BENCH_OPT_LONG, .dst = &o->workers, .lo = 1,
-         .hi = FID_MAX_WORKERS, .set = &o->workers_set},
-        {.name = "--tokens", .kind = BENCH_OPT_LONG, .dst = &o->tokens, .lo = 1, .hi = 1 << 22,
-         .set = &o->tokens_set},
+        BENCH_LONG_SET("--workers", &o->workers, 1, FID_MAX_WORKERS, &o->workers_set),
+        BENCH_LONG_SET("--tokens", &o->tokens, 1, 1 << 22, &o->tokens_set),
         BENCH_LONG("--refresh", &o->refresh, 1, 1000),
         BENCH_LONG("--block", &o->block, 32, 1 << 20),
         BENCH_U64("--seed", &o->seed),
@@ -1015,7 +1013,8 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
     bench_json_t j;
     FILE *f;
 
-    if ((f = bench_json_begin(&j, o->json, "fidelity", "codec_version", GIFT_CODEC_VERSION, date)) == NULL)
+    if ((f = bench_json_begin(&j, o->json, "fidelity", "codec_version", GIFT_CODEC_VERSION,
+                              date)) == NULL)
         return -1;
     bench_json_str(&j, "cpu", cpu);
     bench_json_str(&j, "simd", gift_simd_name(gift_simd_active()));

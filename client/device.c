@@ -711,8 +711,7 @@ static void dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl
     job_queue(c, &dw->pull[s]);
 }
 
-static int dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r,
-                      const gift__geo_t *G)
+static int dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, const gift__geo_t *G)
 {
     gift__gdev_t *d = w->dw->d;
     const gift_gpu_geometry_t *dg;

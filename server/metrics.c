@@ -164,7 +164,8 @@ static int render_work(const gift_shard_counters_t *c, gift_str_t *out)
 }
 
 /* Open connections (the glue's count when it gives one) and error replies by code. */
-static int render_errors(const gift_shard_counters_t *c, const gift_proc_info_t *pi, gift_str_t *out)
+static int render_errors(const gift_shard_counters_t *c, const gift_proc_info_t *pi,
+                         gift_str_t *out)
 {
     int rc;
 
@@ -186,7 +187,8 @@ static int render_errors(const gift_shard_counters_t *c, const gift_proc_info_t 
     return 0;
 }
 
-/* Per tensor: boundary-hit ratio, missing ranks and the oldest unfinished step, and the ranks a partly pushed step waits for. */
+/* Per tensor: boundary-hit ratio, missing ranks and the oldest unfinished step, and the ranks a
+ * partly pushed step waits for. */
 static int render_tensors(const gift_shard_t *s, gift_str_t *out)
 {
     int rc;
