@@ -1,8 +1,8 @@
 /*
  * owner.h: the geometry owner of a tensor, as pure epoch state.
  *
- * The shard holding a tensor's chunk 0 owns its geometry (DESIGN.md section
- * 4): it sums the Sketch frames of a refresh round in rank order (ordered)
+ * The shard holding a tensor's chunk 0 owns its geometry (shard.h,
+ * "Geometry"): it sums the Sketch frames of a refresh round in rank order (ordered)
  * or as they arrive (eager), builds the next epoch from the sum and
  * publishes it with the step it is valid from. These functions work on the
  * owner fields of tensor_t (store.h) and on nothing else: no peer, no frame,
@@ -60,7 +60,7 @@ int gift__owner_sketch_check(tensor_t *t, const Gift__Sketch *m, uint32_t rank, 
 
 /* Ends the round: sums the kept sketches in rank order 0..world-1 (ordered)
  * and updates t->geo from the sum with damping and the decayed running
- * average (DESIGN.md section 2). Returns the new epoch (> 0, not yet
+ * average (gift_geometry_update_decay, gift_codec.h). Returns the new epoch (> 0, not yet
  * published), or the update's negative code: t->geo keeps its epoch. */
 int gift__owner_build(tensor_t *t, uint32_t world, int ordered, double damping, double decay);
 
