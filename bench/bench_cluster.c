@@ -330,88 +330,55 @@ static int parse_opts(int argc, char **argv, cl_opts_t *o)
     o->json = BENCH_OUT_DIR "/cluster.json";
     o->giftd = GIFTD_BIN;
     o->seed = 1;
+    const bench_opt_t opts[] = {
+        BENCH_FLAG("--pull-ef", &o->pull_ef),
+        BENCH_FLAG("--ef", &o->ef),
+        BENCH_FLAG("--inplace", &o->inplace),
+        BENCH_LONG("--shards", &o->shards, 1, CL_MAX_SHARDS),
+        BENCH_LONG("--workers", &o->workers, 1, CL_MAX_WORKERS),
+        BENCH_LONG("--steps", &o->steps, 1, CL_MAX_STEPS),
+        BENCH_LONG("--warmup", &o->warmup, 0, 100),
+        BENCH_LONG("--mib", &o->mib, 1, 4096),
+        BENCH_LONG("--chunk-mib", &o->chunk_mib, 1, 1024),
+        BENCH_LONG("--k", &o->k, 1, 1024),
+        BENCH_LONG("--rtt-iters", &o->rtt_iters, 10, 1000000),
+        BENCH_LONG("--stream-reps", &o->stream_reps, 1, 1000),
+        BENCH_DOUBLE("--row-seconds", &o->row_seconds, 0.0, 3600.0),
+        BENCH_U64("--seed", &o->seed),
+        BENCH_U64("--step0", &o->step0),
+        BENCH_STR("--codecs", &o->codecs, "a value", 1),
+        BENCH_STR("--transforms", &o->transforms, "a value", 1),
+        BENCH_STR("--json", &o->json, "a value", 1),
+        BENCH_STR("--giftd", &o->giftd, "a value", 1),
+        BENCH_STR("--servers", &o->servers, "a value", 1),
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long *lp = NULL;
-        long lo = 0, hi = 0;
+        int r;
 
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             bench_cluster_usage(stdout);
             return 1;
         }
-        if (strcmp(a, "--pull-ef") == 0) {
-            o->pull_ef = 1;
+        if ((r = bench_opt_parse(opts, sizeof opts / sizeof opts[0], argc, argv, &i)) != 0) {
+            if (r < 0)
+                return -1;
             continue;
         }
-        if (strcmp(a, "--ef") == 0) {
-            o->ef = 1;
-            continue;
-        }
-        if (strcmp(a, "--inplace") == 0) {
-            o->inplace = 1;
-            continue;
-        }
-        if (strcmp(a, "--shards") == 0)
-            lp = &o->shards, lo = 1, hi = CL_MAX_SHARDS;
-        else if (strcmp(a, "--workers") == 0)
-            lp = &o->workers, lo = 1, hi = CL_MAX_WORKERS;
-        else if (strcmp(a, "--steps") == 0)
-            lp = &o->steps, lo = 1, hi = CL_MAX_STEPS;
-        else if (strcmp(a, "--warmup") == 0)
-            lp = &o->warmup, lo = 0, hi = 100;
-        else if (strcmp(a, "--mib") == 0)
-            lp = &o->mib, lo = 1, hi = 4096;
-        else if (strcmp(a, "--chunk-mib") == 0)
-            lp = &o->chunk_mib, lo = 1, hi = 1024;
-        else if (strcmp(a, "--k") == 0)
-            lp = &o->k, lo = 1, hi = 1024;
-        else if (strcmp(a, "--rtt-iters") == 0)
-            lp = &o->rtt_iters, lo = 10, hi = 1000000;
-        else if (strcmp(a, "--stream-reps") == 0)
-            lp = &o->stream_reps, lo = 1, hi = 1000;
-        if (lp != NULL) {
-            if (bench_parse_long(a, v, lo, hi, lp) < 0)
-                return -1;
-            i++;
-            continue;
-        }
-        if (strcmp(a, "--row-seconds") == 0) {
-            if (bench_parse_double(a, v, 0.0, 3600.0, &o->row_seconds) < 0)
-                return -1;
-        } else if (strcmp(a, "--seed") == 0) {
-            if (bench_parse_u64(a, v, &o->seed) < 0)
-                return -1;
-        } else if (strcmp(a, "--step0") == 0) {
-            if (bench_parse_u64(a, v, &o->step0) < 0)
-                return -1;
-        } else if (strcmp(a, "--list") == 0 || strcmp(a, "--codecs") == 0 ||
-                   strcmp(a, "--transforms") == 0 || strcmp(a, "--json") == 0 ||
-                   strcmp(a, "--giftd") == 0 || strcmp(a, "--servers") == 0) {
-            if (v == NULL || v[0] == '\0') {
-                fprintf(stderr, "gift-bench: %s needs a value\n", a);
-                return -1;
-            }
-            if (strcmp(a, "--list") == 0) {
-                if (strcmp(v, "single") == 0)
-                    o->llama = 0;
-                else if (strcmp(v, "llama") == 0)
-                    o->llama = 1;
-                else {
-                    fprintf(stderr, "gift-bench: --list: '%s' is not single or llama\n", v);
-                    return -1;
-                }
-            } else if (strcmp(a, "--codecs") == 0)
-                o->codecs = v;
-            else if (strcmp(a, "--transforms") == 0)
-                o->transforms = v;
-            else if (strcmp(a, "--json") == 0)
-                o->json = v;
-            else if (strcmp(a, "--giftd") == 0)
-                o->giftd = v;
-            else
-                o->servers = v;
-        } else {
+        if (strcmp(a, "--list") != 0) {
             fprintf(stderr, "gift-bench cluster: unknown option '%s' (see --help)\n", a);
+            return -1;
+        }
+        if (v == NULL || v[0] == '\0') {
+            fprintf(stderr, "gift-bench: %s needs a value\n", a);
+            return -1;
+        }
+        if (strcmp(v, "single") == 0)
+            o->llama = 0;
+        else if (strcmp(v, "llama") == 0)
+            o->llama = 1;
+        else {
+            fprintf(stderr, "gift-bench: --list: '%s' is not single or llama\n", v);
             return -1;
         }
         i++;
@@ -1387,14 +1354,9 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
     FILE *f;
     bench_json_t j;
 
-    if (bench_mkdir_for(o->json) < 0 || (f = fopen(o->json, "w")) == NULL) {
-        perror(o->json);
+    if ((f = bench_json_begin(&j, o->json, "cluster", "client_version", gift_version(), date)) ==
+        NULL)
         return -1;
-    }
-    bench_json_open(&j, f);
-    bench_json_str(&j, "benchmark", "cluster");
-    bench_json_str(&j, "client_version", gift_version());
-    bench_json_str(&j, "date", date);
     bench_json_str(&j, "cpu", cpu);
     bench_json_int(&j, "cores", bench_cpu_count());
     bench_json_int(&j, "shards", o->shards);

@@ -144,47 +144,28 @@ static int parse_opts(int argc, char **argv, codec_opts_t *o)
     o->json = BENCH_OUT_DIR "/codec.json";
     o->simd = -1;
     o->gpu = o->repeats_set = o->json_set = 0;
+    const bench_opt_t opts[] = {
+        BENCH_LONG("--mib", &o->mib, 1, 16384),
+        BENCH_LONG("--chunk-mib", &o->chunk_mib, 0, 16384),
+        BENCH_LONG_SET("--repeats", &o->repeats, 1, CODEC_MAX_REPEATS, &o->repeats_set),
+        BENCH_LONG("--din", &o->din, 2, 1 << 16),
+        BENCH_LONG("--k", &o->k, 1, 1 << 16),
+        BENCH_U64("--seed", &o->seed),
+        BENCH_STR_SET("--json", &o->json, "a file name", &o->json_set),
+        BENCH_FLAG("--gpu", &o->gpu),
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r;
 
+        if ((r = bench_opt_parse(opts, sizeof opts / sizeof opts[0], argc, argv, &i)) != 0) {
+            if (r < 0)
+                return -1;
+            continue;
+        }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             bench_codec_usage(stdout);
             return 1;
-        } else if (strcmp(a, "--mib") == 0) {
-            if (bench_parse_long(a, v, 1, 16384, &o->mib) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--chunk-mib") == 0) {
-            if (bench_parse_long(a, v, 0, 16384, &o->chunk_mib) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--repeats") == 0) {
-            if (bench_parse_long(a, v, 1, CODEC_MAX_REPEATS, &o->repeats) < 0)
-                return -1;
-            o->repeats_set = 1;
-            i++;
-        } else if (strcmp(a, "--din") == 0) {
-            if (bench_parse_long(a, v, 2, 1 << 16, &o->din) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--k") == 0) {
-            if (bench_parse_long(a, v, 1, 1 << 16, &o->k) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--seed") == 0) {
-            if (bench_parse_u64(a, v, &o->seed) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--json") == 0) {
-            if (v == NULL) {
-                fprintf(stderr, "gift-bench: --json needs a file name\n");
-                return -1;
-            }
-            o->json = v;
-            o->json_set = 1;
-            i++;
-        } else if (strcmp(a, "--gpu") == 0) {
-            o->gpu = 1;
         } else if (strcmp(a, "--simd") == 0) {
             if (v == NULL) {
                 fprintf(stderr, "gift-bench: --simd needs scalar, avx2 or avx512\n");
@@ -464,14 +445,9 @@ static int write_json(const codec_opts_t *o, const codec_bufs_t *b, const codec_
     FILE *f;
     bench_json_t j;
 
-    if (bench_mkdir_for(o->json) < 0 || (f = fopen(o->json, "w")) == NULL) {
-        perror(o->json);
+    if ((f = bench_json_begin(&j, o->json, "codec", "codec_version", GIFT_CODEC_VERSION, date)) ==
+        NULL)
         return -1;
-    }
-    bench_json_open(&j, f);
-    bench_json_str(&j, "benchmark", "codec");
-    bench_json_str(&j, "codec_version", GIFT_CODEC_VERSION);
-    bench_json_str(&j, "date", date);
     bench_json_str(&j, "cpu", cpu);
     bench_json_int(&j, "cores", bench_cpu_count());
     bench_json_str(&j, "simd", gift_simd_name(gift_simd_active()));
@@ -755,14 +731,9 @@ static int gpu_write_json(const codec_opts_t *o, const gpu_bench_t *g, const cha
     bench_json_t j;
     FILE *f;
 
-    if (bench_mkdir_for(path) < 0 || (f = fopen(path, "w")) == NULL) {
-        perror(path);
+    if ((f = bench_json_begin(&j, path, "codec_gpu", "codec_version", GIFT_CODEC_VERSION, date)) ==
+        NULL)
         return -1;
-    }
-    bench_json_open(&j, f);
-    bench_json_str(&j, "benchmark", "codec_gpu");
-    bench_json_str(&j, "codec_version", GIFT_CODEC_VERSION);
-    bench_json_str(&j, "date", date);
     bench_json_str(&j, "gpu", gpu_name);
     bench_json_int(&j, "mib", o->mib);
     bench_json_int(&j, "n", (long long)g->n);

@@ -82,6 +82,47 @@ int bench_parse_long(const char *opt, const char *s, long lo, long hi, long *out
     return 0;
 }
 
+int bench_opt_parse(const bench_opt_t *t, size_t n, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    for (size_t k = 0; k < n; k++) {
+        const bench_opt_t *o = &t[k];
+        int rc = 0;
+        if (strcmp(a, o->name) != 0)
+            continue;
+        switch (o->kind) {
+        case BENCH_OPT_FLAG:
+            *(int *)o->dst = 1;
+            break;
+        case BENCH_OPT_LONG:
+            rc = bench_parse_long(a, v, o->lo, o->hi, o->dst);
+            break;
+        case BENCH_OPT_U64:
+            rc = bench_parse_u64(a, v, o->dst);
+            break;
+        case BENCH_OPT_DOUBLE:
+            rc = bench_parse_double(a, v, o->dlo, o->dhi, o->dst);
+            break;
+        case BENCH_OPT_STR:
+            if (v == NULL || (o->nonempty && v[0] == '\0')) {
+                fprintf(stderr, "gift-bench: %s needs %s\n", a, o->need);
+                rc = -1;
+            } else {
+                *(const char **)o->dst = v;
+            }
+            break;
+        }
+        if (rc < 0)
+            return -1;
+        if (o->kind != BENCH_OPT_FLAG)
+            (*i)++;
+        if (o->set != NULL)
+            *o->set = 1;
+        return 1;
+    }
+    return 0;
+}
+
 int bench_parse_u64(const char *opt, const char *s, uint64_t *out)
 {
     char *end;
@@ -313,6 +354,21 @@ void bench_json_open(bench_json_t *j, FILE *f)
     j->depth = 0;
     j->count[0] = 0;
     json_push(j, '{');
+}
+
+FILE *bench_json_begin(bench_json_t *j, const char *path, const char *benchmark,
+                       const char *version_key, const char *version, const char *date)
+{
+    FILE *f;
+    if (bench_mkdir_for(path) < 0 || (f = fopen(path, "w")) == NULL) {
+        perror(path);
+        return NULL;
+    }
+    bench_json_open(j, f);
+    bench_json_str(j, "benchmark", benchmark);
+    bench_json_str(j, version_key, version);
+    bench_json_str(j, "date", date);
+    return f;
 }
 
 void bench_json_close(bench_json_t *j)

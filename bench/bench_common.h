@@ -66,6 +66,45 @@ double bench_rng_normal(bench_rng_t *r);  /* N(0, 1) */
  * variance. */
 double bench_rng_student_unit(bench_rng_t *r, int nu);
 
+/* One command-line option of a bench, for bench_opt_parse. */
+typedef enum {
+    BENCH_OPT_FLAG,   /* no value: *(int *)dst = 1 */
+    BENCH_OPT_LONG,   /* *(long *)dst, an integer in [lo, hi] (bench_parse_long) */
+    BENCH_OPT_U64,    /* *(uint64_t *)dst (bench_parse_u64) */
+    BENCH_OPT_DOUBLE, /* *(double *)dst, in [dlo, dhi] (bench_parse_double) */
+    BENCH_OPT_STR     /* *(const char **)dst = the argument itself */
+} bench_opt_kind_t;
+
+typedef struct bench_opt {
+    const char *name; /* "--mib" */
+    bench_opt_kind_t kind;
+    void *dst;
+    long lo, hi;      /* BENCH_OPT_LONG */
+    double dlo, dhi;  /* BENCH_OPT_DOUBLE */
+    const char *need; /* BENCH_OPT_STR: what a missing value needs ("a file name") */
+    int nonempty;     /* BENCH_OPT_STR: an empty value is missing too */
+    int *set;         /* when not NULL: set to 1 once the option is given */
+} bench_opt_t;
+
+/* Table entries. */
+#define BENCH_FLAG(n, d) {.name = (n), .kind = BENCH_OPT_FLAG, .dst = (d)}
+#define BENCH_LONG(n, d, l, h) {.name = (n), .kind = BENCH_OPT_LONG, .dst = (d), .lo = (l), .hi = (h)}
+#define BENCH_U64(n, d) {.name = (n), .kind = BENCH_OPT_U64, .dst = (d)}
+#define BENCH_DOUBLE(n, d, l, h)                                                                   \
+    {.name = (n), .kind = BENCH_OPT_DOUBLE, .dst = (d), .dlo = (l), .dhi = (h)}
+#define BENCH_LONG_SET(n, d, l, h, given)                                                          \
+    {.name = (n), .kind = BENCH_OPT_LONG, .dst = (d), .lo = (l), .hi = (h), .set = (given)}
+#define BENCH_STR_SET(n, d, what, given)                                                           \
+    {.name = (n), .kind = BENCH_OPT_STR, .dst = (d), .need = (what), .set = (given)}
+#define BENCH_STR(n, d, what, ne)                                                                  \
+    {.name = (n), .kind = BENCH_OPT_STR, .dst = (d), .need = (what), .nonempty = (ne)}
+
+/* If argv[*i] names an option of the table t (n entries), stores its value
+ * (argv[*i + 1], and *i moves past it) and returns 1; returns 0 when it names
+ * none of them, or -1 when the value is missing or bad (said on stderr as the
+ * bench_parse_* functions say it, or "gift-bench: OPT needs NEED"). */
+int bench_opt_parse(const bench_opt_t *t, size_t n, int argc, char **argv, int *i);
+
 /* Streaming JSON writer: keeps track of commas. key is NULL inside arrays. */
 typedef struct bench_json {
     FILE *f;
@@ -74,6 +113,12 @@ typedef struct bench_json {
 } bench_json_t;
 
 void bench_json_open(bench_json_t *j, FILE *f); /* writes the opening '{' */
+/* The preamble every bench's write_json shares: creates path's folder,
+ * opens path and writes '{', then "benchmark", the version under
+ * version_key and "date". Returns the file (the caller writes the rest,
+ * closes the object and the file), or NULL with perror(path) said. */
+FILE *bench_json_begin(bench_json_t *j, const char *path, const char *benchmark,
+                       const char *version_key, const char *version, const char *date);
 void bench_json_close(bench_json_t *j);         /* writes the closing '}' and newline */
 void bench_json_obj(bench_json_t *j, const char *key);
 void bench_json_obj_end(bench_json_t *j);

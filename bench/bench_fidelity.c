@@ -242,52 +242,34 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
     o->outlier_scale = 1.0;
     o->noutliers = FID_OUTLIERS_DEFAULT;
     o->json = BENCH_OUT_DIR "/fidelity.json";
+    const bench_opt_t opts[] = {
+        BENCH_LONG("--rows", &o->rows, 1, 1 << 20),
+        BENCH_LONG("--cols", &o->cols, 2, 1 << 15),
+        BENCH_LONG_SET("--workers", &o->workers, 1, FID_MAX_WORKERS, &o->workers_set),
+        BENCH_LONG_SET("--tokens", &o->tokens, 1, 1 << 22, &o->tokens_set),
+        BENCH_LONG("--refresh", &o->refresh, 1, 1000),
+        BENCH_LONG("--block", &o->block, 32, 1 << 20),
+        BENCH_U64("--seed", &o->seed),
+        BENCH_FLAG("--geometry-decay-plain", &o->geo_plain),
+        BENCH_DOUBLE("--damping", &o->damping, 1e-6, 10.0),
+        BENCH_DOUBLE("--geometry-decay", &o->geo_decay, 0.0, 0.999999),
+        BENCH_DOUBLE("--decay", &o->decay, 0.0, 4.0),
+        BENCH_DOUBLE("--outlier-scale", &o->outlier_scale, 0.0, 1e6),
+        BENCH_LONG("--outliers", &o->noutliers, 0, FID_MAX_OUTLIERS),
+        BENCH_STR("--json", &o->json, "a file name", 0),
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r;
 
+        if ((r = bench_opt_parse(opts, sizeof opts / sizeof opts[0], argc, argv, &i)) != 0) {
+            if (r < 0)
+                return -1;
+            continue;
+        }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             bench_fidelity_usage(stdout);
             return 1;
-        } else if (strcmp(a, "--rows") == 0) {
-            if (bench_parse_long(a, v, 1, 1 << 20, &o->rows) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--cols") == 0) {
-            if (bench_parse_long(a, v, 2, 1 << 15, &o->cols) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--workers") == 0) {
-            if (bench_parse_long(a, v, 1, FID_MAX_WORKERS, &o->workers) < 0)
-                return -1;
-            o->workers_set = 1;
-            i++;
-        } else if (strcmp(a, "--tokens") == 0) {
-            if (bench_parse_long(a, v, 1, 1 << 22, &o->tokens) < 0)
-                return -1;
-            o->tokens_set = 1;
-            i++;
-        } else if (strcmp(a, "--refresh") == 0) {
-            if (bench_parse_long(a, v, 1, 1000, &o->refresh) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--block") == 0) {
-            if (bench_parse_long(a, v, 32, 1 << 20, &o->block) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--seed") == 0) {
-            if (bench_parse_u64(a, v, &o->seed) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--geometry-decay-plain") == 0) {
-            o->geo_plain = 1;
-        } else if (strcmp(a, "--damping") == 0) {
-            if (bench_parse_double(a, v, 1e-6, 10.0, &o->damping) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--geometry-decay") == 0) {
-            if (bench_parse_double(a, v, 0.0, 0.999999, &o->geo_decay) < 0)
-                return -1;
-            i++;
         } else if (strcmp(a, "--grad") == 0 || strcmp(a, "--cov") == 0 ||
                    strcmp(a, "--sketch-cov") == 0) {
             int is_grad = a[2] == 'g', is_scov = a[2] == 's';
@@ -304,18 +286,6 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
             }
             (is_grad ? o->grad : is_scov ? o->scov : o->cov)[(*cnt)++] = v;
             i++;
-        } else if (strcmp(a, "--decay") == 0) {
-            if (bench_parse_double(a, v, 0.0, 4.0, &o->decay) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--outlier-scale") == 0) {
-            if (bench_parse_double(a, v, 0.0, 1e6, &o->outlier_scale) < 0)
-                return -1;
-            i++;
-        } else if (strcmp(a, "--outliers") == 0) {
-            if (bench_parse_long(a, v, 0, FID_MAX_OUTLIERS, &o->noutliers) < 0)
-                return -1;
-            i++;
         } else if (strcmp(a, "--sketch-batch") == 0) {
             if (v != NULL && strcmp(v, "fresh") == 0)
                 o->same_batch = 0;
@@ -325,13 +295,6 @@ static int parse_opts(int argc, char **argv, fid_opts_t *o)
                 fprintf(stderr, "gift-bench: --sketch-batch needs 'fresh' or 'same'\n");
                 return -1;
             }
-            i++;
-        } else if (strcmp(a, "--json") == 0) {
-            if (v == NULL) {
-                fprintf(stderr, "gift-bench: --json needs a file name\n");
-                return -1;
-            }
-            o->json = v;
             i++;
         } else {
             fprintf(stderr, "gift-bench fidelity: unknown option '%s' (see --help)\n", a);
@@ -1050,14 +1013,9 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
     bench_json_t j;
     FILE *f;
 
-    if (bench_mkdir_for(o->json) < 0 || (f = fopen(o->json, "w")) == NULL) {
-        perror(o->json);
+    if ((f = bench_json_begin(&j, o->json, "fidelity", "codec_version", GIFT_CODEC_VERSION,
+                              date)) == NULL)
         return -1;
-    }
-    bench_json_open(&j, f);
-    bench_json_str(&j, "benchmark", "fidelity");
-    bench_json_str(&j, "codec_version", GIFT_CODEC_VERSION);
-    bench_json_str(&j, "date", date);
     bench_json_str(&j, "cpu", cpu);
     bench_json_str(&j, "simd", gift_simd_name(gift_simd_active()));
     bench_json_str(&j, "data", st->synthetic ? "synthetic" : st->have_cov ? "files+cov" : "files");

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client_internal.h"
+#include "giftclient_internal.h"
 
 const char *gift_version(void)
 {
@@ -29,120 +29,22 @@ const char *gift_version(void)
 }
 
 /* ------------------------------------------------------------------ */
-/* Hand-over to the I/O thread                                           */
+/* Hand-over to the I/O thread (the mailbox is mailbox.c's)              */
 /* ------------------------------------------------------------------ */
 
-static int on_io_thread(const gift_client_t *c)
-{
-    return c->thread_started && pthread_equal(pthread_self(), c->thread);
-}
-
+/* Queues a command and wakes the I/O thread. */
 static void submit(gift_client_t *c, gift__cmd_t *cmd)
 {
-    pthread_mutex_lock(&c->mu);
-    cmd->next = NULL;
-    cmd->done = 0;
-    cmd->rc = 0;
-    if (c->subq_tail)
-        c->subq_tail->next = cmd;
-    else
-        c->subq_head = cmd;
-    c->subq_tail = cmd;
-    pthread_mutex_unlock(&c->mu);
-    gift__net_wake(c);
+    gift__cmd_put(c, cmd);
+    c->io->wake(c);
 }
 
 /* Submits a command and waits for the I/O thread to finish it. The engine
  * enforces the command's deadline, so the wait ends. */
 static int run_cmd(gift_client_t *c, gift__cmd_t *cmd)
 {
-    int rc;
     submit(c, cmd);
-    pthread_mutex_lock(&c->mu);
-    while (!cmd->done)
-        pthread_cond_wait(&c->cv, &c->mu);
-    rc = cmd->rc;
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-}
-
-gift__cmd_t *gift__take_commands(gift_client_t *c)
-{
-    gift__cmd_t *l;
-    pthread_mutex_lock(&c->mu);
-    l = c->subq_head;
-    c->subq_head = c->subq_tail = NULL;
-    pthread_mutex_unlock(&c->mu);
-    return l;
-}
-
-void gift__cmd_done(gift_client_t *c, gift__cmd_t *cmd, int rc)
-{
-    pthread_mutex_lock(&c->mu);
-    cmd->rc = rc;
-    cmd->done = 1;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void op_release_locked(gift_client_t *c, gift_op_t *op)
-{
-    op->pooled = 1;
-    op->next = c->free_ops;
-    c->free_ops = op;
-}
-
-void gift__op_complete(gift_client_t *c, gift_op_t *op)
-{
-    gift_op_cb cb = op->cb;
-    void *arg = op->arg;
-    int status = op->status;
-
-    pthread_mutex_lock(&c->mu);
-    op->done = 1;
-    op->in_cb = cb != NULL;
-    if (cb == NULL && op->free_req)
-        op_release_locked(c, op);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    if (cb == NULL)
-        return;
-    cb(op, status, arg);
-    pthread_mutex_lock(&c->mu);
-    op->in_cb = 0;
-    if (op->free_req)
-        op_release_locked(c, op);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* Takes an operation from the pool (or allocates one, once). */
-static gift_op_t *op_alloc(gift_client_t *c)
-{
-    gift_op_t *op;
-    pthread_mutex_lock(&c->mu);
-    if ((op = c->free_ops) != NULL) {
-        c->free_ops = op->next;
-    } else if ((op = calloc(1, sizeof *op)) != NULL) {
-        if (c->nall_ops == c->all_ops_cap) {
-            size_t ncap = c->all_ops_cap ? 2 * c->all_ops_cap : 64;
-            gift_op_t **n = realloc(c->all_ops, ncap * sizeof *n);
-            if (n == NULL) {
-                free(op);
-                pthread_mutex_unlock(&c->mu);
-                return NULL;
-            }
-            c->all_ops = n;
-            c->all_ops_cap = ncap;
-        }
-        c->all_ops[c->nall_ops++] = op;
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (op == NULL)
-        return NULL;
-    memset(op, 0, sizeof *op);
-    op->c = c;
-    return op;
+    return gift__cmd_wait(c, cmd);
 }
 
 /* ------------------------------------------------------------------ */
@@ -158,7 +60,7 @@ static int start_op(gift_client_t *c, uint32_t id, uint64_t step, const float *g
         *opp = NULL;
     if (c == NULL || opp == NULL || !c->declared || id >= c->nmem || (grad == NULL && out == NULL))
         return GIFT_EINVAL;
-    if ((op = op_alloc(c)) == NULL)
+    if ((op = gift__op_alloc(c)) == NULL)
         return GIFT_ENOMEM;
     op->cb = cb;
     op->arg = arg;
@@ -179,7 +81,7 @@ static int start_op(gift_client_t *c, uint32_t id, uint64_t step, const float *g
         r->op = op;
     }
     op->parts_left = op->nreq;
-    op->deadline_ns = gift__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    op->deadline_ns = c->io->now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
     op->cmd.kind = GIFT__CMD_OP;
     op->cmd.op = op;
     *opp = op;
@@ -232,7 +134,7 @@ int gift_sketch_inputs(gift_client_t *c, uint32_t id, uint64_t step, const float
         return GIFT_EINVAL;
     memset(&cmd, 0, sizeof cmd);
     cmd.kind = GIFT__CMD_SKETCH;
-    cmd.deadline_ns = gift__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    cmd.deadline_ns = c->io->now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
     cmd.req.kind = GIFT__REQ_SKETCH;
     cmd.req.cmd = &cmd;
     cmd.req.id = id;
@@ -240,64 +142,6 @@ int gift_sketch_inputs(gift_client_t *c, uint32_t id, uint64_t step, const float
     cmd.req.in = X;
     cmd.req.n = n;
     return run_cmd(c, &cmd);
-}
-
-int gift_op_wait(gift_op_t *op)
-{
-    gift_client_t *c;
-    int st;
-    if (op == NULL)
-        return GIFT_EINVAL;
-    c = op->c;
-    pthread_mutex_lock(&c->mu);
-    if (on_io_thread(c) && !op->done) {
-        /* Waiting for an op on the thread that completes it cannot end. */
-        pthread_mutex_unlock(&c->mu);
-        return GIFT_EINVAL;
-    }
-    while (!op->done || (op->in_cb && !on_io_thread(c)))
-        pthread_cond_wait(&c->cv, &c->mu);
-    st = op->status;
-    pthread_mutex_unlock(&c->mu);
-    return st;
-}
-
-int gift_op_test(gift_op_t *op, int *status)
-{
-    int done;
-    if (op == NULL)
-        return 0;
-    pthread_mutex_lock(&op->c->mu);
-    done = op->done;
-    if (done && status)
-        *status = op->status;
-    pthread_mutex_unlock(&op->c->mu);
-    return done;
-}
-
-void gift_op_free(gift_op_t *op)
-{
-    gift_client_t *c;
-    if (op == NULL)
-        return;
-    c = op->c;
-    pthread_mutex_lock(&c->mu);
-    if (op->pooled) {
-        pthread_mutex_unlock(&c->mu);
-        return;
-    }
-    if (on_io_thread(c)) {
-        if (!op->done || op->in_cb)
-            op->free_req = 1; /* freed once its callback returns */
-        else
-            op_release_locked(c, op);
-        pthread_mutex_unlock(&c->mu);
-        return;
-    }
-    while (!op->done || op->in_cb)
-        pthread_cond_wait(&c->cv, &c->mu);
-    op_release_locked(c, op);
-    pthread_mutex_unlock(&c->mu);
 }
 
 void gift_client_stats(gift_client_t *c, gift_client_stats_t *out)
@@ -427,9 +271,7 @@ static void client_free(gift_client_t *c)
             free(c->decl_head[i]);
     free(c->decl_head);
     free(c->decl_len);
-    for (size_t i = 0; i < c->nall_ops; i++)
-        free(c->all_ops[i]);
-    free(c->all_ops);
+    gift__ops_free(c);
     free(c->conns);
     free(c->addrs);
     gift_auth_key_clear(c->auth);
@@ -439,11 +281,10 @@ static void client_free(gift_client_t *c)
     free(c);
 }
 
-int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
+int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
 {
     gift_client_opts_t o;
     gift_client_t *c;
-    gift__cmd_t cmd;
     const char *v;
     long rank, world;
     int rc;
@@ -509,20 +350,36 @@ int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
     rc = GIFT_ENOMEM;
     if ((c->conns = calloc(c->nshards, sizeof *c->conns)) == NULL)
         goto fail;
-    if ((rc = gift__net_start(c)) < 0)
-        goto fail;
+    *out = c;
+    return 0;
+fail:
+    client_free(c);
+    return rc;
+}
+
+int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
+{
+    gift_client_t *c;
+    gift__cmd_t cmd;
+    int rc;
+
+    if ((rc = gift__client_new(opts, out)) < 0)
+        return rc;
+    c = *out;
+    *out = NULL;
+    if ((rc = gift__net_start(c)) < 0) {
+        client_free(c);
+        return rc;
+    }
     memset(&cmd, 0, sizeof cmd);
     cmd.kind = GIFT__CMD_CONNECT;
-    cmd.deadline_ns = gift__now_ns() + (uint64_t)c->connect_timeout_ms * 1000000ull;
+    cmd.deadline_ns = c->io->now_ns() + (uint64_t)c->connect_timeout_ms * 1000000ull;
     if ((rc = run_cmd(c, &cmd)) < 0) {
         gift_client_close(c);
         return rc;
     }
     *out = c;
     return 0;
-fail:
-    client_free(c);
-    return rc;
 }
 
 void gift_client_close(gift_client_t *c)
@@ -733,23 +590,19 @@ out:
     return rc;
 }
 
-int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
+/* Copies the n descriptors (each carries its own size) into *out (the
+ * caller frees it, also on error) and checks each: shape, codecs, fp8 block,
+ * geometry rank, memory kind and device. 0, GIFT_EINVAL, GIFT_ENOMEM or the
+ * device's code. */
+static int descs_copy(const gift_tensor_desc_t *tensors, size_t n, gift_tensor_desc_t **out)
 {
-    gift_tensor_desc_t *d = NULL;
-    fuse_class_t *cls = NULL;
-    size_t ncls = 0;
-    gift_plan_tensor_t *pt = NULL;
-    gift_plan_t plan;
-    gift__cmd_t cmd;
-    uint64_t max_frame = UINT64_MAX;
-    int rc = GIFT_EINVAL, planned = 0;
+    gift_tensor_desc_t *d;
+    int rc = GIFT_EINVAL;
 
-    memset(&plan, 0, sizeof plan);
-    if (c == NULL || tensors == NULL || n == 0 || n > (1u << 24) || c->declared || c->wires != NULL)
-        return GIFT_EINVAL;
-    /* Copy and validate the descriptors (each carries its own size). */
+    *out = NULL;
     if ((d = calloc(n, sizeof *d)) == NULL)
         return GIFT_ENOMEM;
+    *out = d;
     for (size_t i = 0; i < n; i++) {
         const gift_tensor_desc_t *in =
             (const gift_tensor_desc_t *)((const char *)tensors + i * tensors[0].size);
@@ -757,40 +610,50 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
         gift_codec_params_t p;
         gift_layout_t l;
         if (sz < offsetof(gift_tensor_desc_t, push_codec))
-            goto out;
+            return rc;
         memcpy(&d[i], in, sz < sizeof d[i] ? sz : sizeof d[i]);
         d[i].size = sizeof d[i];
         if (d[i].rows == 0 || d[i].cols == 0 || (uint64_t)d[i].rows * d[i].cols > UINT32_MAX ||
             (unsigned)d[i].push_codec > GIFT_CODEC_NVFP4 ||
             (unsigned)d[i].pull_codec > GIFT_CODEC_NVFP4)
-            goto out;
+            return rc;
         memset(&p, 0, sizeof p);
         p.fmt = GIFT_FMT_E4M3;
         p.block = d[i].fp8_block;
         if (gift_layout(&p, 1, &l) < 0)
-            goto out;
+            return rc;
         if (d[i].geometry) {
             if (d[i].cols < 2 || d[i].rank > d[i].cols)
-                goto out;
+                return rc;
         }
         if (d[i].memory == GIFT_MEMORY_CUDA) {
             int drc = gift__dev_available(d[i].device, d[i].name ? d[i].name : "(unnamed)");
             if (drc < 0) {
                 rc = drc;
-                goto out;
+                return rc;
             }
         } else if (d[i].memory != GIFT_MEMORY_HOST) {
-            goto out;
+            return rc;
         }
     }
-    if (c->max_frame)
-        max_frame = c->max_frame;
+    return 0;
+}
 
-    /* Members and wire tensors: fusion in declaration order. */
+/* Maps every tensor to a member of a wire tensor: small Euclidean host
+ * tensors are fused into one 1 x N bucket per codec class (in declaration
+ * order, a new bucket when one would exceed a chunk), every other tensor is
+ * a wire of its own (a row wider than a chunk re-cut). Sets each wire's
+ * codecs, flags and geometry rank. 0, GIFT_EINVAL or GIFT_ENOMEM. */
+static int members_build(gift_client_t *c, const gift_tensor_desc_t *d, size_t n)
+{
+    fuse_class_t *cls = NULL;
+    size_t ncls = 0;
+    int rc;
+
     rc = GIFT_ENOMEM;
     if ((c->mem = calloc(n, sizeof *c->mem)) == NULL ||
         (c->wires = calloc(n, sizeof *c->wires)) == NULL || (cls = calloc(n, sizeof *cls)) == NULL)
-        goto out;
+        goto out_free_cls;
     c->nmem = n;
     for (size_t i = 0; i < n; i++) {
         gift__member_t *m = &c->mem[i];
@@ -804,7 +667,7 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
         if (d[i].name == NULL)
             snprintf(nb, sizeof nb, "tensor%zu", i);
         if ((m->name = strdup(d[i].name ? d[i].name : nb)) == NULL)
-            goto out;
+            goto out_free_cls;
         m->rows = d[i].rows;
         m->cols = d[i].cols;
         m->n = nel;
@@ -875,7 +738,7 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
                 int ks = gift_basis_cols((int)d[i].cols, k, GIFT_OVERSAMPLE_DEFAULT);
                 if (k < 1 || ks < k) {
                     rc = GIFT_EINVAL;
-                    goto out;
+                    goto out_free_cls;
                 }
                 w->k = (uint32_t)k;
                 w->ks = (uint32_t)ks;
@@ -884,14 +747,23 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
         }
         m->index = w->nmembers++;
     }
-    /* Wire keys, names, member lists, priorities. */
+    rc = 0;
+out_free_cls:
+    free(cls);
+    return rc;
+}
+
+/* Each wire's key, length, seed, name, member list and the priorities of
+ * its pushes and pulls. 0 or GIFT_ENOMEM. */
+static int wires_name(gift_client_t *c, size_t n)
+{
     for (size_t i = 0; i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
         w->key = (uint32_t)i;
         w->n = (size_t)w->rows * w->cols;
         w->seed = mix64(c->seed + 0x9E3779B97F4A7C15ull * (i + 1));
         if ((w->members = calloc(w->nmembers, sizeof *w->members)) == NULL)
-            goto out;
+            return GIFT_ENOMEM;
         w->nmembers = 0;
     }
     for (size_t i = 0; i < n; i++) {
@@ -908,16 +780,28 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
         else
             snprintf(nm, sizeof nm, "fused:%.200s+%u", first->name, w->nmembers - 1);
         if ((w->name = strdup(nm)) == NULL)
-            goto out;
+            return GIFT_ENOMEM;
         /* The tensor's priority first; then, within a turn, pushes before
          * pulls (a shard refuses a pull for a chunk nobody has pushed yet);
          * pushes later-declared first, pulls earlier-declared first. */
         w->push_prio = (int64_t)w->prio * (1ll << 33) + (1ll << 32) + hi;
         w->pull_prio = (int64_t)w->prio * (1ll << 33) + (int64_t)(UINT32_MAX - lo);
     }
-    /* Placement. */
+    return 0;
+}
+
+/* Places the wires' chunks on the shards (gift_plan_build), checks every
+ * chunk's payloads against max_frame and allocates each wire's buffers.
+ * 0, GIFT_EINVAL or GIFT_ENOMEM. */
+static int chunks_place(gift_client_t *c, uint64_t max_frame)
+{
+    gift_plan_tensor_t *pt = NULL;
+    gift_plan_t plan;
+    int rc = GIFT_ENOMEM, planned = 0;
+
+    memset(&plan, 0, sizeof plan);
     if ((pt = calloc(c->nwires, sizeof *pt)) == NULL)
-        goto out;
+        goto out_free_plan;
     for (size_t i = 0; i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
         pt[i].rows = w->rows;
@@ -925,11 +809,11 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
         pt[i].row_weight = row_bytes(&w->push, w->cols) + row_bytes(&w->pull, w->cols);
     }
     if ((rc = gift_plan_build(pt, c->nwires, c->nshards, c->chunk_bytes, &plan)) < 0)
-        goto out;
+        goto out_free_plan;
     planned = 1;
     rc = GIFT_ENOMEM;
     if ((c->chunks = calloc(plan.nchunks, sizeof *c->chunks)) == NULL)
-        goto out;
+        goto out_free_plan;
     c->nchunks = plan.nchunks;
     for (size_t i = 0; i < plan.nchunks; i++) {
         const gift_plan_chunk_t *pc = &plan.chunks[i];
@@ -946,7 +830,7 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
             gift_layout(&w->pull, ch->n, &ch->pull_l) < 0 || ch->push_l.total > max_frame ||
             ch->pull_l.total > max_frame) {
             rc = GIFT_EINVAL;
-            goto out;
+            goto out_free_plan;
         }
     }
     for (size_t i = 0; i < c->nwires; i++) {
@@ -955,26 +839,51 @@ int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
         w->nchunks = (uint32_t)(plan.first[i + 1] - plan.first[i]);
         if (w->geometry && (uint64_t)w->cols * (w->ks + 1) * 4 > max_frame) {
             rc = GIFT_EINVAL;
-            goto out;
+            goto out_free_plan;
         }
         if ((rc = wire_alloc(c, w)) < 0)
-            goto out;
+            goto out_free_plan;
     }
-    if ((rc = build_declares(c)) < 0)
-        goto out;
-
-    c->declared = 1;
-    memset(&cmd, 0, sizeof cmd);
-    cmd.kind = GIFT__CMD_DECLARE;
-    cmd.deadline_ns = gift__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
-    rc = run_cmd(c, &cmd);
-    if (rc < 0)
-        c->declared = 0; /* no operation may start; the buffers go at close */
-out:
+    rc = 0;
+out_free_plan:
     if (planned)
         gift_plan_free(&plan);
     free(pt);
-    free(cls);
+    return rc;
+}
+
+int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
+{
+    gift_tensor_desc_t *d = NULL;
+    uint64_t max_frame = UINT64_MAX;
+    int rc;
+
+    if (c == NULL || tensors == NULL || n == 0 || n > (1u << 24) || c->declared || c->wires != NULL)
+        return GIFT_EINVAL;
+    if ((rc = descs_copy(tensors, n, &d)) == 0 && (rc = members_build(c, d, n)) == 0 &&
+        (rc = wires_name(c, n)) == 0) {
+        if (c->max_frame)
+            max_frame = c->max_frame;
+        if ((rc = chunks_place(c, max_frame)) == 0)
+            rc = build_declares(c);
+    }
     free(d);
+    return rc;
+}
+
+int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n)
+{
+    gift__cmd_t cmd;
+    int rc;
+
+    if ((rc = gift__declare_build(c, tensors, n)) < 0)
+        return rc;
+    c->declared = 1;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.kind = GIFT__CMD_DECLARE;
+    cmd.deadline_ns = c->io->now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    rc = run_cmd(c, &cmd);
+    if (rc < 0)
+        c->declared = 0; /* no operation may start; the buffers go at close */
     return rc;
 }

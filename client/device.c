@@ -26,7 +26,7 @@
  * charged to the operation that caused it, never to a neighbour. The GPU
  * reports through host functions (gift_gpu_push_chunk's callback per chunk,
  * gift_gpu_notify at the end of a pull job): ready_cb only stores the status
- * and wakes the loop (uv_async_send through gift__net_wake); the loop then
+ * and wakes the loop (uv_async_send through c->io->wake); the loop then
  * sends each chunk as it becomes ready (gift__dev_poll), in the engine's
  * usual priority order.
  */
@@ -40,7 +40,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "client_internal.h"
+#include "giftclient_internal.h"
 #include "gift_gpu.h"
 
 enum { JOB_PUSH = 1, JOB_PULL = 2 };
@@ -102,19 +102,6 @@ struct gift__dwire {
     int *st_host;      /* pinned, as many: the status the GPU copies out */
 };
 
-static gift__chunk_t *chunk_at(gift_client_t *c, const gift__wire_t *w, uint32_t j)
-{
-    return &c->chunks[w->chunk0 + j];
-}
-
-static gift__geo_t *geo_epoch(gift__wire_t *w, uint32_t e)
-{
-    for (int i = 0; i < GIFT__GEO_SLOTS; i++)
-        if (w->geo[i].used && w->geo[i].g.epoch == e)
-            return &w->geo[i];
-    return NULL;
-}
-
 static int cuda_rc(cudaError_t e)
 {
     if (e == cudaSuccess)
@@ -136,7 +123,7 @@ static void ready_cb(void *arg, int status)
     dev_report_t *r = arg;
     r->st = status;
     __atomic_store_n(&r->fired, 1, __ATOMIC_RELEASE);
-    gift__net_wake(r->c);
+    r->c->io->wake(r->c);
 }
 
 static int fired(dev_report_t *r)
@@ -169,6 +156,8 @@ static int dev_malloc(void **p, size_t bytes)
 {
     return cuda_rc(cudaMalloc(p, bytes ? bytes : 4));
 }
+
+static const gift__path_t dev_path; /* below, with the entry points */
 
 int gift__dev_declare(gift_client_t *c)
 {
@@ -204,8 +193,8 @@ int gift__dev_declare(gift_client_t *c)
             }
         }
         for (uint32_t j = 0; j < w->nchunks; j++) {
-            push_area += chunk_at(c, w, j)->push_l.total;
-            pull_area += chunk_at(c, w, j)->pull_l.total;
+            push_area += gift__chunk_of(c, w, j)->push_l.total;
+            pull_area += gift__chunk_of(c, w, j)->pull_l.total;
         }
         d->n_max = max_sz(d->n_max, w->n);
         d->work_max = max_sz(d->work_max, w->geometry ? (size_t)w->rows * w->k : 0);
@@ -239,6 +228,7 @@ int gift__dev_declare(gift_client_t *c)
         if ((dw = calloc(1, sizeof *dw)) == NULL)
             return GIFT_ENOMEM;
         w->dw = dw;
+        w->path = &dev_path;
         dw->d = d;
         (void)cudaSetDevice(d->dev);
         rc = GIFT_ENOMEM;
@@ -247,7 +237,7 @@ int gift__dev_declare(gift_client_t *c)
             (dw->st_host = gift_gpu_host_alloc(nr * sizeof(int))) == NULL)
             goto fail;
         for (uint32_t j = 0; j < w->nchunks; j++) {
-            const gift__chunk_t *ch = chunk_at(c, w, j);
+            const gift__chunk_t *ch = gift__chunk_of(c, w, j);
             push_area += ch->push_l.total;
             dw->pull_off[j] = dw->pull_area;
             dw->pull_area += ch->pull_l.total;
@@ -425,7 +415,7 @@ static void push_retire(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         if (w->ef_on && j->first_bad < w->nchunks) {
             /* From the failing chunk on, the residual update read a decode
              * that wrote nothing: start those chunks' residual afresh. */
-            size_t off = chunk_at(c, w, j->first_bad)->off;
+            size_t off = gift__chunk_of(c, w, j->first_bad)->off;
             (void)cudaMemsetAsync(w->dw->e_dev + off, 0, (w->n - off) * sizeof(float),
                                   (cudaStream_t)gift_gpu_ctx_stream(d->ctx));
             (void)gift_gpu_sync(d->ctx);
@@ -453,14 +443,14 @@ static int run_push(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
     }
     (void)cudaSetDevice(d->dev);
     if (w->geometry) {
-        if ((G = geo_epoch(w, ps->epoch)) == NULL)
+        if ((G = gift__geo_by_epoch(w, ps->epoch)) == NULL)
             rc = GIFT_EEPOCH;
         else
             rc = geo_dev(d, w, G, &dg);
     }
     if (rc == 0 && w->ef_on && dw->ef_epoch != ps->epoch) {
         /* The residual follows the geometry (gift_ef_rebase), else restarts. */
-        gift__geo_t *old = geo_epoch(w, dw->ef_epoch);
+        gift__geo_t *old = gift__geo_by_epoch(w, dw->ef_epoch);
         const gift_gpu_geometry_t *dold = NULL;
         if (old == NULL || G == NULL || geo_dev(d, w, old, &dold) < 0 ||
             gift_gpu_transform(d->ctx, dold, 1, dw->e_dev, (int)w->rows, dw->e_dev, d->work_dev) <
@@ -474,7 +464,7 @@ static int run_push(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         rc = gift_gpu_push_prepare(d->ctx, dg, j->src, (int)w->rows, (int)w->cols,
                                    w->ef_on ? dw->e_dev : NULL, d->p_dev, d->work_dev);
     for (uint32_t k = 0; rc == 0 && k < w->nchunks; k++) {
-        const gift__chunk_t *ch = chunk_at(c, w, k);
+        const gift__chunk_t *ch = gift__chunk_of(c, w, k);
         gift_codec_params_t cp = w->push;
         cp.sr.seed = c->seed;
         cp.sr.rank = (uint32_t)c->rank;
@@ -563,11 +553,11 @@ static int run_pull(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         last &= dw->staged[j->slot][k] || dw->dec[j->slot][k];
     if (last && w->geometry) {
         /* The epoch's upload first: it waits for the device, idle now. */
-        gift__geo_t *G = geo_epoch(w, pl->epoch);
+        gift__geo_t *G = gift__geo_by_epoch(w, pl->epoch);
         rc = G == NULL ? GIFT_EEPOCH : geo_dev(d, w, G, &dg);
     }
     for (uint32_t k = 0; rc == 0 && k < w->nchunks; k++) {
-        const gift__chunk_t *ch = chunk_at(c, w, k);
+        const gift__chunk_t *ch = gift__chunk_of(c, w, k);
         if (!dw->staged[j->slot][k] || dw->dec[j->slot][k])
             continue;
         rc = gift_gpu_pull_chunk(d->ctx, &w->pull, dw->stage[j->slot] + dw->pull_off[k],
@@ -652,7 +642,7 @@ static void dev_kick(gift_client_t *c, gift__gdev_t *d)
     d->kicking = 0;
 }
 
-void gift__dev_quiesce(gift_client_t *c, gift__wire_t *w)
+static void dev_quiesce(gift_client_t *c, gift__wire_t *w)
 {
     gift__gdev_t *d;
     (void)c;
@@ -693,7 +683,7 @@ void gift__dev_poll(gift_client_t *c)
 /* The engine's entry points                                             */
 /* ------------------------------------------------------------------ */
 
-void gift__dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
+static void dev_push_job(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
 {
     gift__job_t *j = &w->dw->push;
     j->slot = (int)(ps - w->ps);
@@ -701,7 +691,7 @@ void gift__dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const
     job_queue(c, j);
 }
 
-void gift__dev_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
+static void dev_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
 {
     int s = (int)(pl - w->pl);
     w->dw->pgen[s]++;
@@ -709,8 +699,8 @@ void gift__dev_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
     memset(w->dw->dec[s], 0, w->nchunks);
 }
 
-void gift__dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
-                          const gift__chunk_t *ch, const void *payload, size_t len)
+static void dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                           const gift__chunk_t *ch, const void *payload, size_t len)
 {
     gift__dwire_t *dw = w->dw;
     int s = (int)(pl - w->pl);
@@ -721,7 +711,7 @@ void gift__dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
     job_queue(c, &dw->pull[s]);
 }
 
-int gift__dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, const gift__geo_t *G)
+static int dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, const gift__geo_t *G)
 {
     gift__gdev_t *d = w->dw->d;
     const gift_gpu_geometry_t *dg;
@@ -753,8 +743,46 @@ int gift__dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, co
                               cudaMemcpyDeviceToHost));
 }
 
-int gift__dev_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
+static int dev_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
 {
     (void)cudaSetDevice(w->dw->d->dev);
     return cuda_rc(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice));
 }
+
+/* The device path's push: begun as the engine's, then the push job runs the
+ * transform, residual and encoding on the wire's GPU. */
+static int dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                    const gift__geo_t *G, uint32_t epoch)
+{
+    (void)G;
+    gift__eng_push_begin(c, w, ps, epoch, NULL); /* not in nencoding: the device reports */
+    dev_push_job(c, w, ps, src);
+    return 0;
+}
+
+/* Replies are decoded by the pull job, once staged (dev_pull_chunk). */
+static int dev_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                      const gift__chunk_t *ch, const void *payload, size_t len)
+{
+    (void)c, (void)w, (void)pl, (void)ch, (void)payload, (void)len;
+    return 0;
+}
+
+/* T^-1 ran on the device with the decode. */
+static int dev_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
+{
+    (void)c, (void)w, (void)pl;
+    return 0;
+}
+
+static const gift__path_t dev_path = {
+    .push = dev_push,
+    .turns = 0,
+    .pull_reset = dev_pull_reset,
+    .decode = dev_decode,
+    .chunk_done = dev_pull_chunk,
+    .finish = dev_finish,
+    .copy = dev_copy,
+    .sketch = dev_sketch,
+    .quiesce = dev_quiesce,
+};

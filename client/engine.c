@@ -2,7 +2,8 @@
  * engine.c: what libgiftclient's I/O thread does, without sockets. Every
  * function here runs on the I/O thread; net.c calls in with frames,
  * connection events, the end of each loop turn and a periodic tick, and this
- * file calls gift__net_queue to send.
+ * file reaches the network only through the client's gift__io_t table
+ * (c->io->queue to send), which net.c fills and tests fake.
  *
  * Requests (one step of one member: push, pull or sketch) wait in their
  * member's FIFO until they can start, so a member's requests start in the
@@ -36,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_internal.h"
+#include "giftclient_internal.h"
 
 /* ------------------------------------------------------------------ */
 /* Lists                                                                 */
@@ -92,43 +93,6 @@ static gift__wire_t *wire_of(gift_client_t *c, const gift__req_t *r)
     return &c->wires[c->mem[r->id].wire];
 }
 
-static gift__chunk_t *chunk_of(gift_client_t *c, const gift__wire_t *w, uint32_t j)
-{
-    return &c->chunks[w->chunk0 + j];
-}
-
-static uint32_t owner_of(gift_client_t *c, const gift__wire_t *w)
-{
-    return chunk_of(c, w, 0)->shard;
-}
-
-static int ready(const gift_client_t *c, uint32_t shard)
-{
-    return c->conns[shard].state == GIFT__CONN_READY;
-}
-
-static uint64_t next_seq(gift_client_t *c, int kind)
-{
-    c->seq = (c->seq + 1) & ((1ull << 56) - 1);
-    return ((uint64_t)kind << 56) | c->seq;
-}
-
-static void codec_wire(Gift__Codec *cd, const gift_codec_params_t *p)
-{
-    gift__codec__init(cd);
-    cd->format = (Gift__Format)p->fmt;
-    cd->block = p->block;
-}
-
-/* The geometry slot holding epoch e, or NULL. */
-static gift__geo_t *geo_by_epoch(gift__wire_t *w, uint32_t e)
-{
-    for (int i = 0; i < GIFT__GEO_SLOTS; i++)
-        if (w->geo[i].used && w->geo[i].g.epoch == e)
-            return &w->geo[i];
-    return NULL;
-}
-
 /* The epoch valid for pushes of step t: the newest one valid from t or earlier. */
 static gift__geo_t *geo_for_step(gift__wire_t *w, uint64_t t)
 {
@@ -151,8 +115,6 @@ static int settled(const gift__wire_t *w, uint64_t t)
 /* ------------------------------------------------------------------ */
 /* Completion                                                            */
 /* ------------------------------------------------------------------ */
-
-static void send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
 
 /* Takes r out of whatever it waits on. A pull that was the decode target of
  * its (unfused) wire hands the pull over to the next request waiting on it,
@@ -184,9 +146,8 @@ static void detach(gift_client_t *c, gift__req_t *r)
     pl->epoch_set = 0;
     memset(pl->got, 0, w->nchunks);
     memset(pl->sent, 0, w->nchunks);
-    if (w->dw != NULL)
-        gift__dev_pull_reset(w, pl);
-    send_pull_chunks(c, w, pl);
+    w->path->pull_reset(w, pl);
+    gift__send_pull_chunks(c, w, pl);
 }
 
 /* Finishes request r with rc. A failure fails the other half of a push_pull
@@ -222,8 +183,7 @@ static void req_finish(gift_client_t *c, gift__req_t *r, int rc)
             /* Failed from outside its device work (timeout, Error frame):
              * the GPU may still read grad or write out; wait for it. */
             gift__wire_t *w = wire_of(c, r);
-            if (w->dw != NULL)
-                gift__dev_quiesce(c, w);
+            w->path->quiesce(c, w);
         }
         if (op->prev)
             op->prev->next = op->next;
@@ -259,159 +219,8 @@ static void fail_pl(gift_client_t *c, gift__lstate_t *pl, int rc)
 }
 
 /* ------------------------------------------------------------------ */
-/* Sending                                                               */
-/* ------------------------------------------------------------------ */
-
-static int queue_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, gift__chunk_t *ch)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__Push m = GIFT__PUSH__INIT;
-    Gift__Codec cd;
-    codec_wire(&cd, &w->push);
-    m.key = w->key;
-    m.chunk = ch->idx;
-    m.step = ps->step;
-    m.epoch = ps->epoch;
-    m.codec = &cd;
-    m.seq = next_seq(c, GIFT__SEQ_PUSH);
-    env.msg_case = GIFT__ENVELOPE__MSG_PUSH;
-    env.push = &m;
-    return gift__net_queue(c, ch->shard, &env, ps->payload + ch->push_off, ch->push_l.total,
-                           w->push_prio, &ps->inflight);
-}
-
-/* Queues every chunk of ps not yet queued on its shard's connection. */
-static void send_push_chunks(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
-                             uint32_t only_shard, int replay)
-{
-    for (uint32_t j = 0; j < w->nchunks; j++) {
-        gift__chunk_t *ch = chunk_of(c, w, j);
-        if (j >= ps->nenc || ps->sent[j] || !ready(c, ch->shard) ||
-            (only_shard != UINT32_MAX && ch->shard != only_shard))
-            continue;
-        if (queue_push(c, w, ps, ch) == 0) {
-            ps->sent[j] = 1;
-            if (replay)
-                GIFT__STAT_ADD(c, replays, 1);
-        }
-    }
-}
-
-/* Queues the Pull of every chunk of pl not yet queued. A chunk whose push of
- * the same step this worker has not queued yet waits for it (a fused bucket
- * still assembling, a connection coming back): a shard refuses a pull for a
- * chunk that nobody has pushed, and on one connection the push goes first. */
-static void send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
-{
-    const gift__pstate_t *ps = &w->ps[pl->step & 1];
-    int own_push = ps->state != GIFT__PS_IDLE && ps->step == pl->step;
-    for (uint32_t j = 0; j < w->nchunks; j++) {
-        gift__chunk_t *ch = chunk_of(c, w, j);
-        Gift__Envelope env = GIFT__ENVELOPE__INIT;
-        Gift__Pull m = GIFT__PULL__INIT;
-        if (pl->got[j] || pl->sent[j] || !ready(c, ch->shard) || (own_push && !ps->sent[j]))
-            continue;
-        m.key = w->key;
-        m.chunk = ch->idx;
-        m.step = pl->step;
-        m.have_epoch = w->geometry ? w->newest : 0;
-        m.seq = next_seq(c, GIFT__SEQ_PULL);
-        env.msg_case = GIFT__ENVELOPE__MSG_PULL;
-        env.pull = &m;
-        if (gift__net_queue(c, ch->shard, &env, NULL, 0, w->pull_prio, NULL) == 0)
-            pl->sent[j] = 1;
-    }
-}
-
-static void send_geo_request(gift_client_t *c, gift__wire_t *w)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__GeometryRequest m = GIFT__GEOMETRY_REQUEST__INIT;
-    uint32_t s = owner_of(c, w);
-    if (!w->fetching || w->fetch_sent || !ready(c, s))
-        return;
-    m.key = w->key;
-    m.epoch = w->newest;
-    m.seq = next_seq(c, GIFT__SEQ_GEO);
-    env.msg_case = GIFT__ENVELOPE__MSG_GEOMETRY_REQUEST;
-    env.geometry_request = &m;
-    if (gift__net_queue(c, s, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) == 0)
-        w->fetch_sent = 1;
-}
-
-static void send_sketch(gift_client_t *c, gift__wire_t *w)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__Sketch m = GIFT__SKETCH__INIT;
-    uint32_t s = owner_of(c, w);
-    if (!w->sk_unsent || !ready(c, s))
-        return;
-    m.key = w->key;
-    m.step = w->sk_step;
-    m.epoch = w->sk_epoch;
-    m.trace = w->sk_trace;
-    m.din = w->cols;
-    m.basis_cols = w->ks;
-    m.seq = next_seq(c, GIFT__SEQ_SKETCH);
-    env.msg_case = GIFT__ENVELOPE__MSG_SKETCH;
-    env.sketch = &m;
-    if (gift__net_queue(c, s, &env, w->Y, (size_t)w->cols * w->ks * sizeof(float),
-                        GIFT__PRIO_SKETCH, &w->sk_inflight) == 0)
-        w->sk_unsent = 0;
-}
-
-/* The first Hello of a connection, or (once an AuthChallenge arrived) the
- * second, which carries the MAC (gift.proto, "Authentication"). */
-static void send_hello(gift_client_t *c, uint32_t shard)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__Hello h = GIFT__HELLO__INIT;
-    gift__conn_t *cn = &c->conns[shard];
-    h.protocol_version = GIFT_PROTOCOL_VERSION;
-    h.rank = (uint32_t)c->rank;
-    h.world_size = (uint32_t)c->world;
-    if (c->io_declared) {
-        h.cluster_digest.data = c->digest;
-        h.cluster_digest.len = 8;
-    }
-    h.client_name = c->name;
-    if (c->auth != NULL) {
-        if (!cn->challenged && gift_auth_nonce(cn->cnonce) < 0) {
-            gift__net_drop(c, shard);
-            return;
-        }
-        h.client_nonce.data = cn->cnonce;
-        h.client_nonce.len = sizeof cn->cnonce;
-        if (cn->challenged) {
-            gift_auth_hello_mac(c->auth, cn->snonce, &h, cn->hello_mac);
-            h.auth_mac.data = cn->hello_mac;
-            h.auth_mac.len = sizeof cn->hello_mac;
-        }
-    }
-    env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
-    env.hello = &h;
-    if (gift__net_queue(c, shard, &env, NULL, 0, GIFT__PRIO_CONTROL, NULL) < 0)
-        gift__net_drop(c, shard);
-}
-
-static void send_declare(gift_client_t *c, uint32_t shard)
-{
-    if (gift__net_queue_raw(c, shard, c->decl_head[shard], c->decl_len[shard], GIFT__PRIO_CONTROL) <
-        0) {
-        gift__net_drop(c, shard);
-        return;
-    }
-    c->conns[shard].state = GIFT__CONN_DECLARING;
-}
-
-/* ------------------------------------------------------------------ */
 /* Push                                                                  */
 /* ------------------------------------------------------------------ */
-
-/* A push encodes about this many input bytes per loop turn (at least one
- * chunk): between turns the loop writes what was queued, so the shard
- * decodes chunk j while this thread encodes chunk j + 1. */
-#define GIFT__ENCODE_TURN_BYTES (1u << 20)
 
 int gift__eng_push_gone(gift__pstate_t *ps)
 {
@@ -425,122 +234,10 @@ int gift__eng_push_gone(gift__pstate_t *ps)
     return 1;
 }
 
-static void stop_encoding(gift_client_t *c, gift__wire_t *w)
-{
-    if (w->encoding == NULL)
-        return;
-    w->encoding = NULL;
-    c->nencoding--;
-    c->rescan = 1;
-}
-
-/* Encodes chunk ch of ps's push with error feedback: with v = p + e (p the
- * push's input, e the chunk's residual), the bytes gift_encode gives for v,
- * and e = v - decode(those bytes). One cache-resident pass over p and e
- * (gift_encode_mean_ef with scale 1: v = (p * 1 + 0) + e, the value of
- * p + e; only a zero's sign can differ, -0 + -0 giving +0, and the residual
- * does not). v is written out only where that pass does not go (stochastic
- * rounding, an fp8 block over 4096), into the push's scratch. After a failed
- * encode the chunk's residual is unspecified (all zeros after a non-finite
- * input on the one-pass path). Returns 0 or the encode's error. */
-static int encode_ef(gift__wire_t *w, gift__pstate_t *ps, const gift_codec_params_t *cp,
-                     const gift__chunk_t *ch, uint8_t *pay)
-{
-    float *e = w->ef.e + ch->off, *q;
-    const float *pc = ps->encp + ch->off;
-    int rc = GIFT_EFORMAT;
-
-    if (!cp->stochastic)
-        rc = gift_encode_mean_ef(cp, pc, ch->n, 1.0f, e, pay, ch->push_l.total);
-    if (rc != GIFT_EFORMAT)
-        return rc;
-    q = (w->nmembers > 1 ? ps->asmb : w->p) + ch->off;
-    if (q != pc)
-        memcpy(q, pc, ch->n * sizeof(float));
-    gift_vec_add(q, e, ch->n);
-    if ((rc = gift_encode(cp, q, ch->n, pay, ch->push_l.total)) < 0 ||
-        (rc = gift_decode(cp, pay, ch->push_l.total, ch->n, e)) < 0)
-        return rc;
-    gift_vec_sub(q, e, ch->n, e);
-    return 0;
-}
-
-/* Encodes the next chunks of w's push (at least one, then while under budget
- * bytes of input), updates the residual of each, and queues each Push as
- * soon as it is encoded, followed by the Pull of the same chunk when that
- * pull waits. A chunk that fails to encode (NaN/Inf: GIFT_ENONFINITE) is
- * never sent and fails the push; the chunks before it were already queued
- * and the shard keeps them (a retry of the step is acknowledged as a
- * duplicate for those). Returns the input bytes encoded. */
-static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
-{
-    gift__pstate_t *ps = w->encoding;
-    gift__lstate_t *pl;
-    size_t done = 0;
-    int rc;
-
-    if (ps == NULL)
-        return 0;
-    if (gift__eng_push_gone(ps)) {
-        stop_encoding(c, w);
-        return 0;
-    }
-    pl = &w->pl[ps->step & 1];
-    while (ps->nenc < w->nchunks && (done == 0 || done < budget)) {
-        uint32_t j = ps->nenc;
-        gift__chunk_t *ch = chunk_of(c, w, j);
-        gift_codec_params_t cp = w->push;
-        uint8_t *pay = ps->payload + ch->push_off;
-        const float *p = ps->encp;
-        cp.sr.seed = c->seed;
-        cp.sr.rank = (uint32_t)c->rank;
-        cp.sr.key = w->key;
-        cp.sr.chunk = ch->idx;
-        cp.sr.step = ps->step;
-        if (w->ef_on)
-            rc = encode_ef(w, ps, &cp, ch, pay);
-        else
-            rc = gift_encode(&cp, p + ch->off, ch->n, pay, ch->push_l.total);
-        if (rc < 0) {
-            stop_encoding(c, w);
-            fail_ps(c, ps, rc);
-            return done;
-        }
-        ps->nenc = j + 1;
-        done += ch->n * sizeof(float);
-        if (ready(c, ch->shard) && queue_push(c, w, ps, ch) == 0)
-            ps->sent[j] = 1;
-        if (pl->state == GIFT__PL_PENDING && pl->step == ps->step)
-            send_pull_chunks(c, w, pl);
-    }
-    if (ps->nenc == w->nchunks)
-        stop_encoding(c, w);
-    return done;
-}
-
-/* The turn's encoding: about GIFT__ENCODE_TURN_BYTES, pushes of higher
- * priority first (the order their frames would have been sorted in). */
-void gift__eng_encode_more(gift_client_t *c)
-{
-    size_t done = 0;
-    while (c->nencoding > 0 && done < GIFT__ENCODE_TURN_BYTES) {
-        gift__wire_t *best = NULL;
-        for (size_t i = 0; i < c->nwires; i++)
-            if (c->wires[i].encoding != NULL && c->wires[i].dw == NULL &&
-                (best == NULL || c->wires[i].push_prio > best->push_prio))
-                best = &c->wires[i];
-        if (best == NULL) { /* cannot happen: nencoding counts these */
-            c->nencoding = 0;
-            break;
-        }
-        done += encode_chunks(c, best, GIFT__ENCODE_TURN_BYTES - done);
-    }
-}
-
 /* ps's step starts sending under epoch: nothing encoded, acked or sent yet;
  * encp is what the chunks are encoded from (NULL on a device wire). */
-static void push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
-                       const float *encp)
+void gift__eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
+                          const float *encp)
 {
     if (w->pushed_once && epoch != w->last_epoch)
         GIFT__STAT_ADD(c, epochs_switched, 1);
@@ -557,47 +254,20 @@ static void push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, ui
     w->encoding = ps;
 }
 
-/* Transforms (geometry), adds the residual (error feedback), then encodes the
- * chunks of ps's step, a few per loop turn (encode_chunks), queueing each as
- * soon as it is encoded. A device wire does all of that on its GPU
- * (gift__dev_push), which reports each chunk once its payload is in host
- * memory (gift__eng_push_chunk_ready). */
+/* Starts ps's push of src under the epoch valid for its step, on the wire's
+ * path: the host's (host_push), or a device's, which reports each chunk
+ * once its payload is in host memory (gift__eng_push_chunk_ready). */
 static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
 {
-    const float *p = src;
     gift__geo_t *G = NULL;
-    uint32_t epoch = 0;
     int rc;
 
-    if (w->geometry) {
-        if ((G = geo_for_step(w, ps->step)) == NULL) {
-            fail_ps(c, ps, GIFT_EEPOCH);
-            return;
-        }
-        epoch = G->g.epoch;
-    }
-    if (w->dw != NULL) {
-        push_begin(c, w, ps, epoch, NULL); /* not counted in nencoding: the device reports */
-        gift__dev_push(c, w, ps, src);
+    if (w->geometry && (G = geo_for_step(w, ps->step)) == NULL) {
+        fail_ps(c, ps, GIFT_EEPOCH);
         return;
     }
-    if (w->geometry) {
-        if (!G->g.identity) {
-            if ((rc = gift_transform(&G->g, 0, src, (int)w->rows, w->p, w->work)) < 0) {
-                fail_ps(c, ps, rc);
-                return;
-            }
-            p = w->p;
-        }
-    }
-    if (w->ef_on && w->ef.epoch != epoch) { /* the residual is added as each chunk encodes */
-        gift__geo_t *old = geo_by_epoch(w, w->ef.epoch);
-        if (old == NULL || G == NULL || gift_ef_rebase(&w->ef, &old->g, &G->g, w->work) < 0)
-            gift_ef_reset(&w->ef, epoch);
-    }
-    push_begin(c, w, ps, epoch, p);
-    c->nencoding++;
-    encode_chunks(c, w, GIFT__ENCODE_TURN_BYTES);
+    if ((rc = w->path->push(c, w, ps, src, G, G != NULL ? G->g.epoch : 0)) < 0)
+        fail_ps(c, ps, rc);
 }
 
 /* Starts a push request, or returns 0 when it must wait. */
@@ -689,10 +359,9 @@ static int try_pull(gift_client_t *c, gift__req_t *r)
     memset(pl->got, 0, w->nchunks);
     memset(pl->sent, 0, w->nchunks);
     pl->target = fused ? pl->mean : r->out;
-    if (w->dw != NULL)
-        gift__dev_pull_reset(w, pl);
+    w->path->pull_reset(w, pl);
     list_push(&pl->reqs, r);
-    send_pull_chunks(c, w, pl);
+    gift__send_pull_chunks(c, w, pl);
     return 1;
 }
 
@@ -702,13 +371,8 @@ static void pull_complete(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
     gift__pstate_t *ps = &w->ps[pl->step & 1];
     int rc = pl->err, rc1 = 0, fused = w->nmembers > 1;
 
-    if (rc == 0 && w->geometry && w->dw == NULL) { /* a device wire's T^-1 ran on the GPU */
-        gift__geo_t *G = geo_by_epoch(w, pl->epoch);
-        if (G == NULL)
-            rc = GIFT_EEPOCH;
-        else if (!G->g.identity)
-            rc = gift_transform(&G->g, 1, pl->target, (int)w->rows, pl->target, w->work);
-    }
+    if (rc == 0)
+        rc = w->path->finish(c, w, pl);
     if (ps->state != GIFT__PS_IDLE && ps->step == pl->step)
         ps->need_replay = 0;
     pl->state = (rc == 0 && fused) ? GIFT__PL_READY : GIFT__PL_IDLE;
@@ -719,10 +383,8 @@ static void pull_complete(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
         if (rc == 0) {
             if (fused)
                 memcpy(r->out, pl->mean + m->off, m->n * sizeof(float));
-            else if (r->out != pl->target && w->dw != NULL)
-                rc1 = gift__dev_copy(w, r->out, pl->target, w->n);
             else if (r->out != pl->target)
-                memcpy(r->out, pl->target, w->n * sizeof(float));
+                rc1 = w->path->copy(w, r->out, pl->target, w->n);
         }
         req_finish(c, r, rc < 0 ? rc : rc1);
         rc1 = 0;
@@ -739,8 +401,7 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
     gift__wire_t *w = wire_of(c, r);
     gift__pstate_t *ps = &w->ps[r->step & 1];
     gift__geo_t *G;
-    size_t need = (size_t)r->n * w->ks;
-    int rc = 0;
+    int rc;
 
     if (!settled(w, r->step) || w->sk_inflight > 0)
         return 0;
@@ -749,25 +410,12 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
         req_finish(c, r, GIFT_EINVAL);
         return 1;
     }
-    if ((G = geo_by_epoch(w, w->newest)) == NULL) {
+    if ((G = gift__geo_by_epoch(w, w->newest)) == NULL) {
         req_finish(c, r, GIFT_EEPOCH);
         return 1;
     }
-    if (w->dw != NULL) {
-        if ((rc = gift__dev_sketch(c, w, r, G)) == 1)
-            return 0; /* the device is busy with a push or a pull: after it */
-    } else if (need > w->skw_cap) {
-        float *nw = realloc(w->skw, need * sizeof(float));
-        if (nw == NULL) {
-            req_finish(c, r, GIFT_ENOMEM);
-            return 1;
-        }
-        w->skw = nw;
-        w->skw_cap = need;
-    }
-    if (w->dw == NULL)
-        rc = gift_sketch(r->in, (int)r->n, (int)w->cols, G->g.U, (int)w->ks, w->Y, &w->sk_trace,
-                         w->skw);
+    if ((rc = w->path->sketch(c, w, r, G)) == 1)
+        return 0; /* a device busy with a push or a pull: after it */
     if (rc < 0) {
         req_finish(c, r, rc);
         return 1;
@@ -776,7 +424,7 @@ static int try_sketch(gift_client_t *c, gift__req_t *r)
     w->sk_step = r->step;
     w->sk_pending = 1;
     w->sk_unsent = 1;
-    send_sketch(c, w);
+    gift__send_sketch(c, w);
     req_finish(c, r, 0);
     return 1;
 }
@@ -889,7 +537,7 @@ static void check_close(gift_client_t *c)
     cmd = c->cmd_close;
     c->cmd_close = NULL;
     gift__dev_close(c); /* no host function may wake the loop once it stops */
-    gift__net_shutdown(c);
+    c->io->shutdown(c);
     gift__cmd_done(c, cmd, 0);
 }
 
@@ -934,10 +582,13 @@ void gift__eng_commands(gift_client_t *c)
         }
         case GIFT__CMD_CONNECT:
             c->cmd_connect = cmd;
-            gift__net_connect_all(c);
+            c->io->connect(c);
             break;
         case GIFT__CMD_DECLARE: {
-            int rc = gift__dev_declare(c);
+            int rc;
+            for (size_t i = 0; i < c->nwires; i++)
+                c->wires[i].path = &gift__host_path; /* a device wire's: gift__dev_declare */
+            rc = gift__dev_declare(c);
             if (rc < 0) {
                 gift__cmd_done(c, cmd, rc);
                 break;
@@ -952,7 +603,7 @@ void gift__eng_commands(gift_client_t *c)
                 }
             for (uint32_t s = 0; s < c->nshards; s++)
                 if (c->conns[s].state == GIFT__CONN_READY)
-                    send_declare(c, s);
+                    gift__send_declare(c, s);
             check_cmds(c);
             break;
         }
@@ -974,7 +625,7 @@ void gift__eng_conn_up(gift_client_t *c, uint32_t shard)
     c->conns[shard].err = 0;
     c->conns[shard].state = GIFT__CONN_HELLO;
     c->conns[shard].challenged = 0;
-    send_hello(c, shard);
+    gift__send_hello(c, shard);
 }
 
 /* Everything that was queued on the lost connection must go again. */
@@ -986,12 +637,12 @@ void gift__eng_conn_down(gift_client_t *c, uint32_t shard)
     for (size_t i = 0; c->io_declared && i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
         for (uint32_t j = 0; j < w->nchunks; j++) {
-            if (chunk_of(c, w, j)->shard != shard)
+            if (gift__chunk_of(c, w, j)->shard != shard)
                 continue;
             w->ps[0].sent[j] = w->ps[1].sent[j] = 0;
             w->pl[0].sent[j] = w->pl[1].sent[j] = 0;
         }
-        if (w->geometry && owner_of(c, w) == shard) {
+        if (w->geometry && gift__owner_of(c, w) == shard) {
             w->fetch_sent = 0;
             if (w->sk_pending)
                 w->sk_unsent = 1;
@@ -1012,9 +663,9 @@ static void resync(gift_client_t *c, uint32_t shard, int replay)
 {
     for (size_t i = 0; i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
-        if (w->geometry && owner_of(c, w) == shard) {
-            send_geo_request(c, w);
-            send_sketch(c, w);
+        if (w->geometry && gift__owner_of(c, w) == shard) {
+            gift__send_geo_request(c, w);
+            gift__send_sketch(c, w);
         }
     }
     for (size_t i = 0; i < c->nwires; i++) {
@@ -1023,14 +674,14 @@ static void resync(gift_client_t *c, uint32_t shard, int replay)
         for (int k = 0; k < 2; k++) {
             gift__pstate_t *ps = &w->ps[k ? !a : a];
             if ((ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED) && ps->need_replay)
-                send_push_chunks(c, w, ps, shard, replay);
+                gift__send_push_chunks(c, w, ps, shard, replay);
         }
     }
     for (size_t i = 0; i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
         for (int k = 0; k < 2; k++)
             if (w->pl[k].state == GIFT__PL_PENDING)
-                send_pull_chunks(c, w, &w->pl[k]);
+                gift__send_pull_chunks(c, w, &w->pl[k]);
     }
 }
 
@@ -1048,7 +699,7 @@ static int on_auth_challenge(gift_client_t *c, uint32_t shard, const Gift__AuthC
     if (c->auth == NULL)
         fprintf(stderr, "giftclient: shard %u requires authentication; set GIFT_AUTH_KEY_FILE "
                         "to its key file\n", shard);
-    send_hello(c, shard);
+    gift__send_hello(c, shard);
     return 0;
 }
 
@@ -1082,9 +733,9 @@ static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *
         return cn->err;
     }
     cn->max_frame = a->max_frame_bytes;
-    gift__net_backoff_reset(c, shard);
+    c->io->backoff_reset(c, shard);
     if (c->io_declared) {
-        send_declare(c, shard);
+        gift__send_declare(c, shard);
     } else {
         cn->state = GIFT__CONN_READY;
         if (cn->lost)
@@ -1127,7 +778,7 @@ static void on_push_ack(gift_client_t *c, uint32_t shard, const Gift__PushAck *a
 {
     gift__wire_t *w = wire_key(c, a->key);
     gift__pstate_t *ps;
-    if (w == NULL || a->chunk >= w->nchunks || chunk_of(c, w, a->chunk)->shard != shard)
+    if (w == NULL || a->chunk >= w->nchunks || gift__chunk_of(c, w, a->chunk)->shard != shard)
         return;
     ps = &w->ps[a->step & 1];
     if (ps->state != GIFT__PS_SENT || ps->step != a->step || ps->acked[a->chunk])
@@ -1150,7 +801,7 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
 
     if (w == NULL || m->chunk >= w->nchunks)
         return;
-    ch = chunk_of(c, w, m->chunk);
+    ch = gift__chunk_of(c, w, m->chunk);
     if (ch->shard != shard)
         return;
     if (w->geometry && m->chunk == 0) {
@@ -1159,7 +810,7 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
         if (m->latest_epoch > w->newest && !w->fetching) {
             w->fetching = 1;
             w->fetch_sent = 0;
-            send_geo_request(c, w);
+            gift__send_geo_request(c, w);
         }
         if (w->sk_pending && m->step >= w->sk_step) {
             w->sk_pending = 0;
@@ -1174,10 +825,8 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
         rc = GIFT_ESHAPE;
     } else if (w->geometry && pl->epoch_set && m->epoch != pl->epoch) {
         rc = GIFT_EEPOCH;
-    } else if (w->dw != NULL) {
-        rc = 0; /* decoded on the device, below */
     } else {
-        rc = gift_decode(&w->pull, f->payload, (size_t)f->payload_len, ch->n, pl->target + ch->off);
+        rc = w->path->decode(c, w, pl, ch, f->payload, (size_t)f->payload_len);
     }
     if (!pl->epoch_set) {
         pl->epoch = m->epoch;
@@ -1187,10 +836,7 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
         pl->err = rc;
     pl->got[m->chunk] = 1;
     pl->ngot++;
-    if (w->dw != NULL) /* completes the pull once the device is done with it */
-        gift__dev_pull_chunk(c, w, pl, ch, rc == 0 ? f->payload : NULL, (size_t)f->payload_len);
-    else if (pl->ngot == w->nchunks)
-        pull_complete(c, w, pl);
+    w->path->chunk_done(c, w, pl, ch, rc == 0 ? f->payload : NULL, (size_t)f->payload_len);
 }
 
 static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_frame_t *f)
@@ -1213,7 +859,7 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
         check_cmds(c);
         return;
     }
-    if (geo_by_epoch(w, m->epoch) != NULL) {
+    if (gift__geo_by_epoch(w, m->epoch) != NULL) {
         check_cmds(c);
         return;
     }
@@ -1346,7 +992,7 @@ int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
 
 void gift__eng_tick(gift_client_t *c)
 {
-    uint64_t now = gift__now_ns();
+    uint64_t now = c->io->now_ns();
     gift_op_t *op;
 
     if (c->gpu != NULL) /* device reports, should a wake-up have been missed */
@@ -1398,7 +1044,7 @@ void gift__eng_turn_end(gift_client_t *c)
 
 void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j)
 {
-    gift__chunk_t *ch = chunk_of(c, w, j);
+    gift__chunk_t *ch = gift__chunk_of(c, w, j);
     gift__lstate_t *pl = &w->pl[ps->step & 1];
     if (ps->state != GIFT__PS_SENT)
         return;
@@ -1410,10 +1056,10 @@ void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_
     }
     if (j + 1 > ps->nenc)
         ps->nenc = j + 1;
-    if (ready(c, ch->shard) && !ps->sent[j] && queue_push(c, w, ps, ch) == 0)
+    if (gift__ready(c, ch->shard) && !ps->sent[j] && gift__send_push(c, w, ps, ch) == 0)
         ps->sent[j] = 1;
     if (pl->state == GIFT__PL_PENDING && pl->step == ps->step)
-        send_pull_chunks(c, w, pl);
+        gift__send_pull_chunks(c, w, pl);
 }
 
 void gift__eng_push_fail(gift_client_t *c, gift__pstate_t *ps, int rc)

@@ -33,27 +33,19 @@
 #include <string.h>
 #include <uv.h>
 
-#include "client_internal.h"
+#include "giftclient_internal.h"
+#include "gift_batch.h"
 #include "gift_util.h"
 
 #define TICK_MS 10
 #define GIFT__NET_RING 8 /* batches per connection: in flight + the collecting one */
 
-typedef struct out_item {
-    size_t head_off, head_len;
-    const uint8_t *payload;
-    size_t len;
-    int *inflight;
-    int64_t prio;
-    size_t order;
-} out_item_t;
-
+/* One batch of queued frames (gift_batch.h; a frame's ref is its payload
+ * owner's count of writes in flight, or NULL), with its write request and
+ * the uv_buf_t array of that write. */
 typedef struct out_batch {
     uv_write_t wreq;
-    uint8_t *heads;
-    size_t heads_len, heads_cap;
-    out_item_t *items;
-    size_t nitems, items_cap;
+    gift_batch_t b;
     uv_buf_t *bufs;
     size_t bufs_cap;
 } out_batch_t;
@@ -85,7 +77,7 @@ struct gift__net {
     int stopping;
 };
 
-uint64_t gift__now_ns(void)
+static uint64_t hrtime_ns(void)
 {
     return uv_hrtime();
 }
@@ -94,34 +86,27 @@ uint64_t gift__now_ns(void)
 /* Write queue                                                           */
 /* ------------------------------------------------------------------ */
 
+/* A written or dropped frame: its payload's owner may reuse it now. */
+static void item_release(void *ref, void *arg)
+{
+    gift_client_t *c = arg;
+    (*(int *)ref)--;
+    c->rescan = 1;
+}
+
 static void batch_release(gift_client_t *c, out_batch_t *b)
 {
-    for (size_t i = 0; i < b->nitems; i++)
-        if (b->items[i].inflight != NULL) {
-            (*b->items[i].inflight)--;
-            c->rescan = 1;
-        }
-    b->nitems = 0;
-    b->heads_len = 0;
+    gift_batch_release(&b->b, item_release, c);
 }
 
 static void batch_free(out_batch_t *b)
 {
-    free(b->heads);
-    free(b->items);
+    gift_batch_free(&b->b);
     free(b->bufs);
     memset(b, 0, sizeof *b);
 }
 
-static int item_cmp(const void *a, const void *b)
-{
-    const out_item_t *x = a, *y = b;
-    if (x->prio != y->prio)
-        return x->prio > y->prio ? -1 : 1;
-    return x->order < y->order ? -1 : (x->order > y->order);
-}
-
-static void drop(uconn_t *u);
+static void conn_drop(uconn_t *u);
 static void on_write(uv_write_t *req, int status);
 
 static out_batch_t *collecting(uconn_t *u)
@@ -138,22 +123,22 @@ static void flush(uconn_t *u)
     size_t nb = 0;
     int rc;
 
-    if (u->writing >= GIFT__NET_RING - 1 || !u->connected || b->nitems == 0)
+    if (u->writing >= GIFT__NET_RING - 1 || !u->connected || b->b.nitems == 0)
         return;
-    if (gift_grow((void **)&b->bufs, &b->bufs_cap, 2 * b->nitems, sizeof(uv_buf_t)) < 0) {
-        drop(u);
+    if (gift_grow((void **)&b->bufs, &b->bufs_cap, 2 * b->b.nitems, sizeof(uv_buf_t)) < 0) {
+        conn_drop(u);
         return;
     }
-    qsort(b->items, b->nitems, sizeof *b->items, item_cmp);
-    for (size_t i = 0; i < b->nitems; i++) {
-        out_item_t *it = &b->items[i];
-        b->bufs[nb++] = uv_buf_init((char *)b->heads + it->head_off, (unsigned)it->head_len);
+    gift_batch_sort(&b->b);
+    for (size_t i = 0; i < b->b.nitems; i++) {
+        const gift_batch_item_t *it = &b->b.items[i];
+        b->bufs[nb++] = uv_buf_init((char *)b->b.heads + it->head_off, (unsigned)it->head_len);
         if (it->len > 0)
             b->bufs[nb++] = uv_buf_init((char *)it->payload, (unsigned)it->len);
     }
     b->wreq.data = u;
     if ((rc = uv_write(&b->wreq, (uv_stream_t *)&u->tcp, b->bufs, (unsigned)nb, on_write)) < 0) {
-        drop(u);
+        conn_drop(u);
         return;
     }
     u->writing++;
@@ -169,44 +154,28 @@ static void on_write(uv_write_t *req, int status)
         u->writing--;
     }
     if (status < 0)
-        drop(u);
+        conn_drop(u);
 }
 
 static int queue_item(uconn_t *u, size_t head_len, const void *payload, size_t len, int64_t prio,
                       int *inflight, uint8_t **head)
 {
-    out_batch_t *b = collecting(u);
-    out_item_t *it;
     if (!u->connected)
         return GIFT_ECLOSED;
-    if (gift_grow((void **)&b->heads, &b->heads_cap, b->heads_len + head_len, 1) < 0 ||
-        gift_grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(out_item_t)) < 0)
-        return GIFT_ENOMEM;
-    it = &b->items[b->nitems];
-    it->head_off = b->heads_len;
-    it->head_len = head_len;
-    it->payload = payload;
-    it->len = payload ? len : 0;
-    it->inflight = inflight;
-    it->prio = prio;
-    it->order = b->nitems;
-    *head = b->heads + b->heads_len;
-    return 0;
+    return gift_batch_reserve(&collecting(u)->b, head_len, payload, len, inflight, prio, head);
 }
 
 static void queue_commit(gift_client_t *c, uconn_t *u, size_t head_len)
 {
-    out_batch_t *b = collecting(u);
-    out_item_t *it = &b->items[b->nitems++];
-    b->heads_len += head_len;
-    if (it->inflight)
-        (*it->inflight)++;
+    gift_batch_item_t *it = gift_batch_commit(&collecting(u)->b, head_len);
+    if (it->ref)
+        (*(int *)it->ref)++;
     GIFT__STAT_ADD(c, frames_out, 1);
     GIFT__STAT_ADD(c, bytes_out, head_len + it->len);
 }
 
-int gift__net_queue(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
-                    const void *payload, size_t len, int64_t prio, int *inflight)
+static int net_queue(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
+                     const void *payload, size_t len, int64_t prio, int *inflight)
 {
     uconn_t *u = &c->net->conns[shard];
     size_t hl = gift_frame_head_size(env);
@@ -227,8 +196,8 @@ int gift__net_queue(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
     return 0;
 }
 
-int gift__net_queue_raw(gift_client_t *c, uint32_t shard, const uint8_t *head, size_t head_len,
-                        int64_t prio)
+static int net_queue_raw(gift_client_t *c, uint32_t shard, const uint8_t *head, size_t head_len,
+                         int64_t prio)
 {
     uconn_t *u = &c->net->conns[shard];
     uint8_t *h;
@@ -273,7 +242,7 @@ static void on_tcp_closed(uv_handle_t *h)
 }
 
 /* Closes the connection (if any); the close callback schedules a reconnect. */
-static void drop(uconn_t *u)
+static void conn_drop(uconn_t *u)
 {
     int was = u->connected;
     if (!u->tcp_active || uv_is_closing((uv_handle_t *)&u->tcp))
@@ -285,12 +254,12 @@ static void drop(uconn_t *u)
         gift__eng_conn_down(u->net->c, u->shard);
 }
 
-void gift__net_drop(gift_client_t *c, uint32_t shard)
+static void net_drop(gift_client_t *c, uint32_t shard)
 {
-    drop(&c->net->conns[shard]);
+    conn_drop(&c->net->conns[shard]);
 }
 
-void gift__net_backoff_reset(gift_client_t *c, uint32_t shard)
+static void net_backoff_reset(gift_client_t *c, uint32_t shard)
 {
     c->net->conns[shard].backoff_ms = GIFT__BACKOFF_MIN_MS;
 }
@@ -328,7 +297,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
     (void)buf;
     if (n < 0) {
         /* EOF, a read error, or UV_ENOBUFS (a broken stream the reader refused). */
-        drop(u);
+        conn_drop(u);
         return;
     }
     if (n == 0)
@@ -338,7 +307,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         if (rc < 0) {
             fprintf(stderr, "giftclient: shard %u sent a broken stream: %s\n", u->shard,
                     gift_strerror(rc));
-            drop(u);
+            conn_drop(u);
             return;
         }
         GIFT__STAT_ADD(c, frames_in, 1);
@@ -346,7 +315,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
                        GIFT_PREAMBLE_BYTES + f.header_len +
                            f.payload_len);
         if (gift__eng_frame(c, u->shard, &f) < 0) {
-            drop(u);
+            conn_drop(u);
             return;
         }
     }
@@ -421,7 +390,7 @@ static void start_connect(uconn_t *u)
         uv_close((uv_handle_t *)&u->tcp, on_tcp_closed);
 }
 
-void gift__net_connect_all(gift_client_t *c)
+static void net_connect_all(gift_client_t *c)
 {
     for (uint32_t s = 0; s < c->nshards; s++)
         start_connect(&c->net->conns[s]);
@@ -448,7 +417,7 @@ static void on_check(uv_check_t *h)
 {
     gift__net_t *net = h->data;
     if (!net->stopping)
-        gift__eng_encode_more(net->c);
+        gift__host_encode_more(net->c);
     gift__eng_turn_end(net->c);
     if (net->stopping)
         return;
@@ -479,7 +448,7 @@ static void on_closed_noop(uv_handle_t *h)
     (void)h;
 }
 
-void gift__net_shutdown(gift_client_t *c)
+static void net_shutdown(gift_client_t *c)
 {
     gift__net_t *net = c->net;
     if (net->stopping)
@@ -498,6 +467,24 @@ void gift__net_shutdown(gift_client_t *c)
     uv_close((uv_handle_t *)&net->idle, on_closed_noop);
     uv_close((uv_handle_t *)&net->tick, on_closed_noop);
 }
+
+static void net_wake(gift_client_t *c)
+{
+    uv_async_send(&c->net->async);
+}
+
+/* The engine's way to the network (gift__io_t): filled here, faked by
+ * tests/client/test_engine.c. */
+static const gift__io_t net_io = {
+    .wake = net_wake,
+    .connect = net_connect_all,
+    .shutdown = net_shutdown,
+    .drop = net_drop,
+    .backoff_reset = net_backoff_reset,
+    .queue = net_queue,
+    .queue_raw = net_queue_raw,
+    .now_ns = hrtime_ns,
+};
 
 int gift__net_start(gift_client_t *c)
 {
@@ -534,8 +521,9 @@ int gift__net_start(gift_client_t *c)
         u->timer.data = u;
     }
     c->net = net;
+    c->io = &net_io;
     if (pthread_create(&c->thread, NULL, thread_main, net) != 0) {
-        gift__net_shutdown(c);
+        net_shutdown(c);
         uv_run(&net->loop, UV_RUN_DEFAULT);
         uv_loop_close(&net->loop);
         free(net->conns);
@@ -545,11 +533,6 @@ int gift__net_start(gift_client_t *c)
     }
     c->thread_started = 1;
     return 0;
-}
-
-void gift__net_wake(gift_client_t *c)
-{
-    uv_async_send(&c->net->async);
 }
 
 void gift__net_join(gift_client_t *c)

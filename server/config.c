@@ -448,108 +448,184 @@ static const char *string_problem(const char *v)
     return NULL;
 }
 
+/* Sets field from value for option o: a string: at most size - 1 bytes, not empty where NONEMPTY,
+ * no control characters. 0, or GIFT_ECONFIG with a sentence in err naming src, the option and the
+ * value. */
+static int set_string(const gift_config_option_t *o, char *field, const char *value,
+                      const char *src, char *err, size_t errlen)
+{
+    const char *why;
+    if (strlen(value) >= o->size)
+        return fail(err, errlen, "%s: invalid value for %s: %zu bytes long, the most is %zu", src,
+                    o->name, strlen(value), o->size - 1);
+    if ((o->flags & GIFT_CONFIG_NONEMPTY) && value[0] == '\0')
+        return fail(err, errlen, "%s: invalid value for %s: it may not be empty", src, o->name);
+    if ((why = string_problem(value)) != NULL)
+        return fail(err, errlen, "%s: invalid value for %s: %s", src, o->name, why);
+    memset(field, 0, o->size);
+    memcpy(field, value, strlen(value));
+    return 0;
+}
+
+/* Sets field from value for option o: an int in [min, max], or the option's off word.
+ * 0, or GIFT_ECONFIG with a sentence in err naming src, the option and
+ * the value. */
+static int set_int(const gift_config_option_t *o, char *field, const char *value, const char *src,
+                   enum gift_config_source from, char *err, size_t errlen)
+{
+    int64_t iv;
+    assert(o->size == sizeof(int) && o->min >= INT_MIN && o->max <= INT_MAX);
+    if (o->off_word != NULL && strcasecmp(value, o->off_word) == 0) {
+        iv = o->off_value;
+    } else if (!parse_int(value, &iv)) {
+        return fail(err, errlen, "%s: invalid value for %s: '%s' is not an integer%s", src, o->name,
+                    value,
+                    from == GIFT_CONFIG_FROM_ENV && strncmp(value, "tcp://", 6) == 0
+                        ? " (a Kubernetes service link? set enableServiceLinks: false "
+                          "in the pod spec or rename the Service)"
+                        : "");
+    } else if (iv < o->min || iv > o->max) {
+        return fail(err, errlen, "%s: invalid value for %s: %s is out of range %lld..%lld%s%s", src,
+                    o->name, value, (long long)o->min, (long long)o->max, o->off_word ? " or " : "",
+                    o->off_word ? o->off_word : "");
+    }
+    {
+        int v = (int)iv;
+        memcpy(field, &v, sizeof v);
+    }
+    return 0;
+}
+
+/* Sets field from value for option o: a size with an optional k, M or G suffix (powers of 1024) in
+ * [min, max]. 0, or GIFT_ECONFIG with a sentence in err naming src, the option and the value. */
+static int set_size(const gift_config_option_t *o, char *field, const char *value, const char *src,
+                    char *err, size_t errlen)
+{
+    char lo[32], hi[32];
+    uint64_t sv;
+    assert(o->size == sizeof(uint64_t));
+    switch (parse_size(value, &sv)) {
+    case SIZE_OK:
+        break;
+    case SIZE_NOT_NUMBER:
+        return fail(err, errlen,
+                    "%s: invalid value for %s: '%s' is not a size (digits with an optional "
+                    "k, M or G suffix)",
+                    src, o->name, value);
+    case SIZE_BAD_SUFFIX:
+        return fail(err, errlen,
+                    "%s: invalid value for %s: '%s' has a bad size suffix (use k, M or G, "
+                    "powers of 1024)",
+                    src, o->name, value);
+    case SIZE_TOO_LARGE:
+        sv = UINT64_MAX;
+        break;
+    }
+    if (sv < (uint64_t)o->min || sv > (uint64_t)o->max) {
+        format_size((uint64_t)o->min, lo, sizeof lo);
+        format_size((uint64_t)o->max, hi, sizeof hi);
+        return fail(err, errlen, "%s: invalid value for %s: %s is out of range %s..%s", src,
+                    o->name, value, lo, hi);
+    }
+    memcpy(field, &sv, sizeof sv);
+    return 0;
+}
+
+/* Sets field from value for option o: a boolean (true/false, yes/no, 1/0).
+ * 0, or GIFT_ECONFIG with a sentence in err naming src, the option and
+ * the value. */
+static int set_bool(const gift_config_option_t *o, char *field, const char *value, const char *src,
+                    char *err, size_t errlen)
+{
+    bool bv;
+    assert(o->size == sizeof(bool));
+    if (gift_config_parse_bool(value, &bv) < 0)
+        return fail(err, errlen,
+                    "%s: invalid value for %s: '%s' is not a boolean (true/false, yes/no, "
+                    "1/0)",
+                    src, o->name, value);
+    memcpy(field, &bv, sizeof bv);
+    return 0;
+}
+
+/* Sets field from value for option o: one of the option's names, as its index.
+ * 0, or GIFT_ECONFIG with a sentence in err naming src, the option and
+ * the value. */
+static int set_enum(const gift_config_option_t *o, char *field, const char *value, const char *src,
+                    char *err, size_t errlen)
+{
+    char list[128];
+    int ev = -1;
+    assert(o->size == sizeof(int));
+    for (int k = 0; o->names[k] != NULL; k++)
+        if (strcasecmp(value, o->names[k]) == 0)
+            ev = k;
+    if (ev < 0) {
+        enum_list(o, ", ", list, sizeof list);
+        return fail(err, errlen, "%s: invalid value for %s: '%s' is not one of %s", src, o->name,
+                    value, list);
+    }
+    memcpy(field, &ev, sizeof ev);
+    return 0;
+}
+
+/* Sets field from value for option o: a decimal number in [min, max), -0 stored as 0.
+ * 0, or GIFT_ECONFIG with a sentence in err naming src, the option and
+ * the value. */
+static int set_real(const gift_config_option_t *o, char *field, const char *value, const char *src,
+                    char *err, size_t errlen)
+{
+    double dv;
+    assert(o->size == sizeof(double));
+    if (!parse_real(value, &dv))
+        return fail(err, errlen, "%s: invalid value for %s: '%s' is not a decimal number", src,
+                    o->name, value);
+    if (!(dv >= (double)o->min && dv < (double)o->max))
+        return fail(err, errlen, "%s: invalid value for %s: %s is out of range %lld <= v < %lld",
+                    src, o->name, value, (long long)o->min, (long long)o->max);
+    if (dv == 0.0)
+        dv = 0.0; /* "-0" */
+    memcpy(field, &dv, sizeof dv);
+    return 0;
+}
+
 /*
- * Parses `value` for option i, checks it and stores it in *c with its origin.
- * `src` names where it came from for the error message. Returns 0 or
- * GIFT_ECONFIG with err filled in; *c is unchanged on error.
+ * Parses `value` for option i, checks it (set_string ... set_real, by type) and stores it in *c
+ * with its origin. `src` names where it came from for the error message. Returns 0 or GIFT_ECONFIG
+ * with err filled in; *c is unchanged on error.
  */
 static int set_value(gift_config_t *c, size_t i, const char *value, const char *src,
                      enum gift_config_source from, int line, char *err, size_t errlen)
 {
     const gift_config_option_t *o = &options[i];
     char *field = (char *)c + o->offset;
-    char lo[32], hi[32], list[128];
-    const char *why;
-    int64_t iv;
-    uint64_t sv;
-    double dv;
     bool bv;
-    int ev = -1;
+    int rc;
 
     switch (o->type) {
     case GIFT_CONFIG_STRING:
-        if (strlen(value) >= o->size)
-            return fail(err, errlen, "%s: invalid value for %s: %zu bytes long, the most is %zu",
-                        src, o->name, strlen(value), o->size - 1);
-        if ((o->flags & GIFT_CONFIG_NONEMPTY) && value[0] == '\0')
-            return fail(err, errlen, "%s: invalid value for %s: it may not be empty", src, o->name);
-        if ((why = string_problem(value)) != NULL)
-            return fail(err, errlen, "%s: invalid value for %s: %s", src, o->name, why);
-        memset(field, 0, o->size);
-        memcpy(field, value, strlen(value));
+        if ((rc = set_string(o, field, value, src, err, errlen)) < 0)
+            return rc;
         break;
 
     case GIFT_CONFIG_INT:
-        assert(o->size == sizeof(int) && o->min >= INT_MIN && o->max <= INT_MAX);
-        if (o->off_word != NULL && strcasecmp(value, o->off_word) == 0) {
-            iv = o->off_value;
-        } else if (!parse_int(value, &iv)) {
-            return fail(err, errlen, "%s: invalid value for %s: '%s' is not an integer%s", src,
-                        o->name, value,
-                        from == GIFT_CONFIG_FROM_ENV && strncmp(value, "tcp://", 6) == 0
-                            ? " (a Kubernetes service link? set enableServiceLinks: false "
-                              "in the pod spec or rename the Service)"
-                            : "");
-        } else if (iv < o->min || iv > o->max) {
-            return fail(err, errlen, "%s: invalid value for %s: %s is out of range %lld..%lld%s%s",
-                        src, o->name, value, (long long)o->min, (long long)o->max,
-                        o->off_word ? " or " : "", o->off_word ? o->off_word : "");
-        }
-        {
-            int v = (int)iv;
-            memcpy(field, &v, sizeof v);
-        }
+        if ((rc = set_int(o, field, value, src, from, err, errlen)) < 0)
+            return rc;
         break;
 
     case GIFT_CONFIG_SIZE:
-        assert(o->size == sizeof(uint64_t));
-        switch (parse_size(value, &sv)) {
-        case SIZE_OK:
-            break;
-        case SIZE_NOT_NUMBER:
-            return fail(err, errlen,
-                        "%s: invalid value for %s: '%s' is not a size (digits with an optional "
-                        "k, M or G suffix)",
-                        src, o->name, value);
-        case SIZE_BAD_SUFFIX:
-            return fail(err, errlen,
-                        "%s: invalid value for %s: '%s' has a bad size suffix (use k, M or G, "
-                        "powers of 1024)",
-                        src, o->name, value);
-        case SIZE_TOO_LARGE:
-            sv = UINT64_MAX;
-            break;
-        }
-        if (sv < (uint64_t)o->min || sv > (uint64_t)o->max) {
-            format_size((uint64_t)o->min, lo, sizeof lo);
-            format_size((uint64_t)o->max, hi, sizeof hi);
-            return fail(err, errlen, "%s: invalid value for %s: %s is out of range %s..%s", src,
-                        o->name, value, lo, hi);
-        }
-        memcpy(field, &sv, sizeof sv);
+        if ((rc = set_size(o, field, value, src, err, errlen)) < 0)
+            return rc;
         break;
 
     case GIFT_CONFIG_BOOL:
-        assert(o->size == sizeof(bool));
-        if (gift_config_parse_bool(value, &bv) < 0)
-            return fail(err, errlen,
-                        "%s: invalid value for %s: '%s' is not a boolean (true/false, yes/no, "
-                        "1/0)",
-                        src, o->name, value);
-        memcpy(field, &bv, sizeof bv);
+        if ((rc = set_bool(o, field, value, src, err, errlen)) < 0)
+            return rc;
         break;
 
     case GIFT_CONFIG_ENUM:
-        assert(o->size == sizeof(int));
-        for (int k = 0; o->names[k] != NULL; k++)
-            if (strcasecmp(value, o->names[k]) == 0)
-                ev = k;
-        if (ev < 0) {
-            enum_list(o, ", ", list, sizeof list);
-            return fail(err, errlen, "%s: invalid value for %s: '%s' is not one of %s", src,
-                        o->name, value, list);
-        }
-        memcpy(field, &ev, sizeof ev);
+        if ((rc = set_enum(o, field, value, src, err, errlen)) < 0)
+            return rc;
         break;
 
     case GIFT_CONFIG_ACTION:
@@ -559,17 +635,8 @@ static int set_value(gift_config_t *c, size_t i, const char *value, const char *
         break;
 
     case GIFT_CONFIG_REAL:
-        assert(o->size == sizeof(double));
-        if (!parse_real(value, &dv))
-            return fail(err, errlen, "%s: invalid value for %s: '%s' is not a decimal number", src,
-                        o->name, value);
-        if (!(dv >= (double)o->min && dv < (double)o->max))
-            return fail(err, errlen,
-                        "%s: invalid value for %s: %s is out of range %lld <= v < %lld", src,
-                        o->name, value, (long long)o->min, (long long)o->max);
-        if (dv == 0.0)
-            dv = 0.0; /* "-0" */
-        memcpy(field, &dv, sizeof dv);
+        if ((rc = set_real(o, field, value, src, err, errlen)) < 0)
+            return rc;
         break;
     }
     c->origin[i].source = from;

@@ -81,13 +81,11 @@ static void label_escape(const char *in, char *out, size_t cap)
             return rc;                                                                             \
     } while (0)
 
-int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_str_t *out)
+/* Frames and bytes in and out, and payloads by codec. */
+static int render_traffic(const gift_shard_counters_t *c, gift_str_t *out)
 {
-    const gift_shard_counters_t *c = gift_shard_counters(s);
-    uint64_t cum = 0, lat_count = 0;
     int rc;
 
-    out->len = 0;
     P("# HELP giftd_frames_total Frames received (in) and sent (out).\n"
       "# TYPE giftd_frames_total counter\n"
       "giftd_frames_total{direction=\"in\"} %llu\n"
@@ -115,6 +113,15 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
           "giftd_payload_frames_total{direction=\"out\",codec=\"%s\"} %llu\n",
           gift_format_name((gift_format_t)f), (unsigned long long)c->push_frames_in[f],
           gift_format_name((gift_format_t)f), (unsigned long long)c->pull_frames_out[f]);
+    return 0;
+}
+
+/* Pushes, pulls, sketches, steps, stalls, epochs and the step latency histogram. */
+static int render_work(const gift_shard_counters_t *c, gift_str_t *out)
+{
+    uint64_t cum = 0;
+    int rc;
+
     P("# HELP giftd_pushes_total Pushes counted into an accumulator.\n"
       "# TYPE giftd_pushes_total counter\n"
       "giftd_pushes_total %llu\n"
@@ -150,10 +157,18 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
             P("giftd_step_latency_seconds_bucket{le=\"%g\"} %llu\n", gift_lat_bounds[b],
               (unsigned long long)cum);
     }
-    lat_count = cum;
     P("giftd_step_latency_seconds_sum %.9f\n"
       "giftd_step_latency_seconds_count %llu\n",
-      c->lat_sum, (unsigned long long)lat_count);
+      c->lat_sum, (unsigned long long)cum);
+    return 0;
+}
+
+/* Open connections (the glue's count when it gives one) and error replies by code. */
+static int render_errors(const gift_shard_counters_t *c, const gift_proc_info_t *pi,
+                         gift_str_t *out)
+{
+    int rc;
+
     P("# HELP giftd_connections Open protocol connections.\n"
       "# TYPE giftd_connections gauge\n"
       "giftd_connections %u\n",
@@ -169,6 +184,15 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
         P("giftd_errors_total{code=\"%d\",name=\"%s\"} %llu\n", -i, name,
           (unsigned long long)c->errors[i]);
     }
+    return 0;
+}
+
+/* Per tensor: boundary-hit ratio, missing ranks and the oldest unfinished step, and the ranks a
+ * partly pushed step waits for. */
+static int render_tensors(const gift_shard_t *s, gift_str_t *out)
+{
+    int rc;
+
     P("# HELP giftd_boundary_hit_ratio Pull-codec codes that saturated or flushed to zero, last "
       "measured step, per tensor.\n"
       "# TYPE giftd_boundary_hit_ratio gauge\n");
@@ -230,6 +254,14 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
         }
         free(bm);
     }
+    return 0;
+}
+
+/* Checkpoints, the step log and the restored step. */
+static int render_persistence(const gift_shard_counters_t *c, gift_str_t *out)
+{
+    int rc;
+
     P("# HELP giftd_checkpoints_total Checkpoints written to data_dir.\n"
       "# TYPE giftd_checkpoints_total counter\n"
       "giftd_checkpoints_total %llu\n"
@@ -251,6 +283,14 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
       (unsigned long long)c->checkpoints, (unsigned long long)c->checkpoint_failures,
       (unsigned long long)c->log_records, (unsigned long long)c->log_bytes,
       (unsigned long long)c->log_failures, (unsigned long long)c->restored_step);
+    return 0;
+}
+
+/* World size, declared tensors, resident memory and the start time. */
+static int render_process(const gift_shard_t *s, const gift_proc_info_t *pi, gift_str_t *out)
+{
+    int rc;
+
     P("# HELP giftd_world_size Ranks in the cluster (0 until the first Declare).\n"
       "# TYPE giftd_world_size gauge\n"
       "giftd_world_size %u\n"
@@ -266,6 +306,20 @@ int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_
           "# TYPE giftd_start_time_seconds gauge\n"
           "giftd_start_time_seconds %llu\n",
           (unsigned long long)pi->started_unix);
+    return 0;
+}
+
+/* The /metrics page (server.h): the sections above, in this order. */
+int gift_metrics_render(const gift_shard_t *s, const gift_proc_info_t *pi, gift_str_t *out)
+{
+    const gift_shard_counters_t *c = gift_shard_counters(s);
+    int rc;
+
+    out->len = 0;
+    if ((rc = render_traffic(c, out)) < 0 || (rc = render_work(c, out)) < 0 ||
+        (rc = render_errors(c, pi, out)) < 0 || (rc = render_tensors(s, out)) < 0 ||
+        (rc = render_persistence(c, out)) < 0 || (rc = render_process(s, pi, out)) < 0)
+        return rc;
     return 0;
 }
 

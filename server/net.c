@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "gift_batch.h"
 #include "gift_util.h"
 #include "log.h"
 #include "server.h"
@@ -40,21 +41,13 @@
  * finish closing. */
 #define CONN_SLACK 64
 
-typedef struct out_item {
-    size_t head_off, head_len; /* bytes in the queue's head buffer */
-    gift_rbuf_t *buf;          /* payload buffer (a reference), or NULL */
-    size_t off, len;
-} out_item_t;
-
-/* One batch of queued frames: their heads packed in one buffer. */
+/* One batch of queued frames (gift_batch.h: heads packed in one buffer,
+ * payloads referenced; a frame's ref is its gift_rbuf_t), and the uv_buf_t
+ * array of its write. */
 typedef struct out_batch {
-    uint8_t *heads;
-    size_t heads_len, heads_cap;
-    out_item_t *items;
-    size_t nitems, items_cap;
+    gift_batch_t b;
     uv_buf_t *bufs;
     size_t bufs_cap;
-    uint64_t bytes;
 } out_batch_t;
 
 typedef struct conn {
@@ -136,28 +129,30 @@ static uint64_t now_ns(void)
 /* Write queue                                                           */
 /* ------------------------------------------------------------------ */
 
+/* A written or dropped frame gives back its payload's reference. */
+static void item_release(void *ref, void *arg)
+{
+    (void)arg;
+    gift_rbuf_unref(ref);
+}
+
 static void batch_release(gift_server_t *s, out_batch_t *b)
 {
-    s->held_out -= b->bytes;
-    for (size_t i = 0; i < b->nitems; i++)
-        gift_rbuf_unref(b->items[i].buf);
-    b->nitems = 0;
-    b->heads_len = 0;
-    b->bytes = 0;
+    s->held_out -= b->b.bytes;
+    gift_batch_release(&b->b, item_release, NULL);
 }
 
 static void batch_free(gift_server_t *s, out_batch_t *b)
 {
     batch_release(s, b);
-    free(b->heads);
-    free(b->items);
+    gift_batch_free(&b->b);
     free(b->bufs);
     memset(b, 0, sizeof *b);
 }
 
 static uint64_t queued_bytes(const conn_t *c)
 {
-    return c->q[0].bytes + c->q[1].bytes;
+    return c->q[0].b.bytes + c->q[1].b.bytes;
 }
 
 /* Queued output past which a connection is not read: write_queue_bytes for
@@ -187,18 +182,18 @@ static void conn_flush(conn_t *c)
     size_t nb = 0;
     int rc;
 
-    if (c->writing || b->nitems == 0)
+    if (c->writing || b->b.nitems == 0)
         return;
-    if (gift_grow((void **)&b->bufs, &b->bufs_cap, 2 * b->nitems, sizeof(uv_buf_t)) < 0) {
+    if (gift_grow((void **)&b->bufs, &b->bufs_cap, 2 * b->b.nitems, sizeof(uv_buf_t)) < 0) {
         GIFT_LOG_ERROR(c->id, "out of memory queueing a write; closing");
         conn_close(c);
         return;
     }
-    for (size_t i = 0; i < b->nitems; i++) {
-        out_item_t *it = &b->items[i];
-        b->bufs[nb++] = uv_buf_init((char *)b->heads + it->head_off, (unsigned)it->head_len);
-        if (it->buf != NULL && it->len > 0)
-            b->bufs[nb++] = uv_buf_init((char *)it->buf->data + it->off, (unsigned)it->len);
+    for (size_t i = 0; i < b->b.nitems; i++) {
+        const gift_batch_item_t *it = &b->b.items[i];
+        b->bufs[nb++] = uv_buf_init((char *)b->b.heads + it->head_off, (unsigned)it->head_len);
+        if (it->payload != NULL && it->len > 0)
+            b->bufs[nb++] = uv_buf_init((char *)it->payload, (unsigned)it->len);
     }
     c->wreq.data = c;
     if ((rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, b->bufs, (unsigned)nb, on_write)) < 0) {
@@ -256,25 +251,17 @@ static int io_send(void *ctx, const uint8_t *head, size_t head_len, gift_rbuf_t 
 {
     conn_t *c = ctx;
     out_batch_t *b = &c->q[c->cur];
-    out_item_t *it;
+    uint8_t *h;
 
     if (c->closing && c->peer == NULL)
         return GIFT_ECLOSED;
-    if (gift_grow((void **)&b->heads, &b->heads_cap, b->heads_len + head_len, 1) < 0 ||
-        gift_grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(out_item_t)) < 0)
+    if (gift_batch_reserve(&b->b, head_len, buf ? buf->data + off : NULL, len, buf, 0, &h) < 0)
         return GIFT_ENOMEM;
-    it = &b->items[b->nitems++];
-    memcpy(b->heads + b->heads_len, head, head_len);
-    it->head_off = b->heads_len;
-    it->head_len = head_len;
-    b->heads_len += head_len;
-    it->buf = buf;
-    it->off = off;
-    it->len = buf ? len : 0;
+    memcpy(h, head, head_len);
+    (void)gift_batch_commit(&b->b, head_len);
     if (buf)
         gift_rbuf_ref(buf);
-    b->bytes += head_len + it->len;
-    c->srv->held_out += head_len + it->len;
+    c->srv->held_out += head_len + (buf ? len : 0);
     if (queued_bytes(c) > queue_limit(c) && c->reading) {
         GIFT_LOG_DEBUG(c->id, "write queue at %llu bytes: pausing reads",
                  (unsigned long long)queued_bytes(c));

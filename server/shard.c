@@ -1,239 +1,35 @@
 /*
- * shard.c: the shard store, sync aggregation and geometry owner of shard.h.
- * No sockets here: frames come in through gift_shard_handle and go out
- * through the io callbacks.
+ * shard.c: the shard store, sync aggregation and message dispatch of
+ * shard.h. No sockets here: frames come in through gift_shard_handle and go
+ * out through the io callbacks. The geometry owner's epochs live in
+ * owner.c, persistence in persist.c, which the shard reaches only through
+ * its journal table (shard_internal.h).
  */
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
+#include "aggregate.h"
 #include "gift_auth.h"
 #include "gift_codec.h"
 #include "log.h"
-#include "shard.h"
+#include "owner.h"
+#include "send.h"
+#include "shard_internal.h"
+#include "stats.h"
 
-#define MAX_EPOCH_RECS 4
 #define REFRESH_DEFAULT 50
-#define HEAD_MAX 4096 /* preamble + any header the shard sends, except Stats */
 
 const double gift_lat_bounds[GIFT_LAT_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                   0.1,   0.25,   0.5,   1.0,  2.5,   INFINITY};
 
 /* ------------------------------------------------------------------ */
-/* Reference-counted buffers                                             */
-/* ------------------------------------------------------------------ */
-
-gift_rbuf_t *gift_rbuf_new(size_t cap)
-{
-    /* One calloc for the struct and the bytes, which start 64-byte aligned
-     * (payload sections stay aligned for SIMD decode). calloc, not a
-     * memset: a large buffer comes as fresh zero pages that are committed
-     * only when first written, so declaring a chunk does not touch its
-     * reply buffers. */
-    size_t room = cap ? cap : 64;
-    gift_rbuf_t *b;
-    uintptr_t at;
-    if (room > SIZE_MAX - sizeof *b - 64)
-        return NULL;
-    if ((b = calloc(1, sizeof *b + 64 + room)) == NULL)
-        return NULL;
-    at = ((uintptr_t)(b + 1) + 63) & ~(uintptr_t)63;
-    b->data = (uint8_t *)at;
-    b->refs = 1;
-    b->cap = cap;
-    return b;
-}
-
-void gift_rbuf_ref(gift_rbuf_t *b)
-{
-    b->refs++;
-}
-
-void gift_rbuf_unref(gift_rbuf_t *b)
-{
-    if (b == NULL || --b->refs > 0)
-        return;
-    free(b);
-}
-
-/* ------------------------------------------------------------------ */
-/* State                                                                 */
-/* ------------------------------------------------------------------ */
-
-struct chunk;
-
-/* A pull waiting for its step, linked into its chunk's list and its peer's. */
-typedef struct parked {
-    struct parked *cnext, *cprev;
-    struct parked *pnext, *pprev;
-    gift_peer_t *peer;
-    struct chunk *ch;
-    uint64_t step, seq;
-    uint32_t have_epoch;
-} parked_t;
-
-struct gift_peer {
-    void *ctx;
-    uint64_t id;
-    int hello;
-    int closing;
-    uint32_t rank;
-    parked_t *parked;
-    int challenged;                        /* authentication: an AuthChallenge was sent */
-    uint8_t nonce[GIFT_AUTH_NONCE_BYTES]; /* ... with this server nonce */
-    uint32_t world;   /* the world size its Hello gave */
-    uint32_t nparked; /* its entries in the parked pool */
-    int claimed;      /* it holds s->by_rank[rank]: the rank's one live connection */
-};
-
-typedef struct slot {
-    float *acc;
-    uint64_t *ranks; /* bitmap of ranks that pushed */
-    uint32_t count;
-    /* Ordered aggregation: every rank's encoded push (world x pay_stride
-     * bytes, allocated at declaration), and how many ranks, from 0, are
-     * already summed into acc (always world when count reaches world). */
-    uint8_t *pay;
-    uint32_t next;
-    /* The last push was summed, averaged and encoded into the step's reply
-     * in one pass (fused_rc: that encode's result); acc was not written. */
-    int fused, fused_rc;
-    int64_t epoch; /* -1: no push yet */
-    uint64_t t_first;
-    int warned; /* the stall warning for this step was logged */
-} slot_t;
-
-typedef struct reply {
-    int valid;
-    int durable; /* in the step log and synced: its pulls may be answered */
-    int err; /* 0, or the code pulls of this step get (e.g. the mean overflowed) */
-    uint64_t step;
-    uint32_t epoch;
-    gift_rbuf_t *buf;
-} reply_t;
-
-typedef struct tensor tensor_t;
-
-typedef struct chunk {
-    tensor_t *t;
-    uint32_t id, row_begin, rows;
-    size_t n;
-    gift_layout_t push_l, pull_l;
-    size_t pay_stride; /* push_l.total rounded up to 64 bytes */
-    int started;
-    uint64_t base;
-    slot_t slot[2];   /* slot[step & 1] for steps base and base + 1 */
-    reply_t reply[2]; /* reply[step & 1] for the last two finished steps */
-    parked_t *parked;
-    int pending; /* in s->pending: a finished step waits for the log's sync */
-    /* Pull error feedback (the tensor's pull_ef): the residual of the last
-     * finished step's mean encoding, in the coordinates of pres_epoch; n
-     * floats, allocated at declaration. NULL without pull_ef. */
-    float *pres;
-    uint32_t pres_epoch;
-} chunk_t;
-
-typedef struct epoch_rec {
-    uint32_t epoch;
-    uint64_t valid_from;
-} epoch_rec_t;
-
-struct tensor {
-    uint32_t key;
-    char *name;
-    uint32_t rows, cols;
-    gift_codec_params_t push, pull;
-    Gift__Format push_fmt, pull_fmt;
-    uint32_t push_block, pull_block;
-    int geometry;
-    int pull_ef; /* error feedback on the pulled mean (a lossy pull codec) */
-    uint32_t k, ks, refresh;
-    uint64_t seed;
-    /* This shard's chunks of the tensor, sorted by chunk id: a sparse index
-     * whose size is the number of chunks declared here, never an id's value. */
-    chunk_t **by_id;
-    uint32_t nchunks;
-    int owner;
-    /* Geometry owner state. */
-    gift_geometry_t geo;
-    int geo_ok;
-    float *ysum;
-    double trace_sum;
-    float *yr;  /* ordered: every rank's sketch, world x cols x ks */
-    double *tr; /* ordered: every rank's trace */
-    uint64_t *sk_ranks;
-    uint32_t sk_count;
-    int sk_active;
-    uint64_t sk_step;
-    int sk_done;          /* a round completed: */
-    uint64_t sk_done_step; /* its step, for replays after a reconnect */
-    gift_rbuf_t *geo_buf;
-    epoch_rec_t epochs[MAX_EPOCH_RECS];
-    uint32_t nepochs;
-    /* Status. */
-    double hit_rate;
-    uint64_t bytes_in, bytes_out;
-};
-
-struct gift_shard {
-    gift_shard_opts_t o;
-    gift_shard_io_t io;
-    uint32_t world;
-    size_t words; /* uint64 words per rank bitmap */
-    int declared;
-    uint64_t digest;
-    tensor_t *tensors;
-    size_t ntensors;
-    chunk_t *chunks;
-    size_t nchunks;
-    /* Sorted (key, chunk) signature of the placement, to compare re-declarations. */
-    uint64_t placement;
-    parked_t *pool;
-    parked_t *free_parked;
-    /* The Declare that built the store, packed, for checkpoints. */
-    uint8_t *decl;
-    size_t decl_len;
-    /* Persistence (checkpoint_steps > 0): the open step log of generation
-     * gen, the step at which the next checkpoint is due, and whether a
-     * restore is replaying the log (nothing is logged or answered then). */
-    int persist;
-    gift_log_t log;
-    uint64_t gen;
-    uint64_t ckpt_next;
-    gift_ckpt_buf_t ckpt_buf; /* the checkpoint body, reused from one to the next */
-    int replaying;
-    /* Group commit: chunks whose finished steps wait for gift_shard_flush. */
-    chunk_t **pending;
-    size_t npending;
-    char dir[4096];
-    /* The connection acting as each rank (grown to the highest rank seen,
-     * below 65536): one live connection per rank. */
-    gift_peer_t **by_rank;
-    uint32_t by_rank_len;
-    uint64_t mem; /* bytes the declared store takes (store_need) */
-    gift_shard_counters_t c;
-    uint8_t head[HEAD_MAX];
-};
-
-/* ------------------------------------------------------------------ */
 /* Helpers                                                               */
 /* ------------------------------------------------------------------ */
-
-static int bit_get(const uint64_t *b, uint32_t i)
-{
-    return (int)((b[i >> 6] >> (i & 63)) & 1u);
-}
-
-static void bit_set(uint64_t *b, uint32_t i)
-{
-    b[i >> 6] |= 1ull << (i & 63);
-}
 
 /* Saturating arithmetic for sizes computed from wire fields: a sum or
  * product that would wrap is UINT64_MAX, which no budget admits. */
@@ -245,11 +41,6 @@ static uint64_t add_sat(uint64_t a, uint64_t b)
 static uint64_t mul_sat(uint64_t a, uint64_t b)
 {
     return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
-}
-
-static uint64_t now_ns(const gift_shard_t *s)
-{
-    return s->io.now_ns ? s->io.now_ns() : 0;
 }
 
 static int format_from_wire(Gift__Format f)
@@ -294,68 +85,16 @@ static int codec_equal(const Gift__Codec *c, Gift__Format fmt, uint32_t block)
     return 1;
 }
 
-static void count_error(gift_shard_t *s, int code)
+/* 1 when step is one of those that measure the pull codec's boundary hits. */
+static int hits_step(const gift_shard_t *s, uint64_t step)
 {
-    int i = -code;
-    if (i >= 0 && i < 32)
-        s->c.errors[i]++;
+    return s->o.hits_every && step % s->o.hits_every == 0;
 }
 
-/* Packs env with payload_len into s->head and sends it with buf. */
-static int send_frame(gift_shard_t *s, gift_peer_t *p, Gift__Envelope *env, gift_rbuf_t *buf,
-                      size_t off, size_t len)
-{
-    uint8_t *head = s->head;
-    size_t need = gift_frame_head_size(env);
-    long n;
-    int rc;
-    if (need > sizeof s->head && (head = malloc(need)) == NULL)
-        return GIFT_ENOMEM;
-    if ((n = gift_frame_pack_head(env, len, head, need)) < 0) {
-        rc = (int)n;
-        goto out;
-    }
-    rc = s->io.send(p->ctx, head, (size_t)n, buf, off, len);
-    if (rc == 0) {
-        s->c.frames_out++;
-        s->c.bytes_out += (uint64_t)n + len;
-    }
-out:
-    if (head != s->head)
-        free(head);
-    return rc;
-}
-
-/* Sends an Error frame; with fatal set, also asks the glue to close. */
-static void send_error(gift_shard_t *s, gift_peer_t *p, int code, int fatal, uint32_t key,
-                       uint32_t chunk, uint64_t step, uint64_t seq, const char *fmt, ...)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__Error e = GIFT__ERROR__INIT;
-    char text[512];
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    count_error(s, code);
-    e.code = code;
-    e.text = text;
-    e.key = key;
-    e.chunk = chunk;
-    e.step = step;
-    e.seq = seq;
-    e.fatal = fatal != 0;
-    env.msg_case = GIFT__ENVELOPE__MSG_ERROR;
-    env.error = &e;
-    gift_log(fatal ? GIFT_LOG_LEVEL_WARN : GIFT_LOG_LEVEL_INFO, p->id, "error %d (%s) to rank %u: %s%s", code,
-             gift_strerror(code), p->rank, text, fatal ? "; closing" : "");
-    (void)send_frame(s, p, &env, NULL, 0, 0);
-    if (fatal && !p->closing) {
-        p->closing = 1;
-        s->io.close(p->ctx);
-    }
-}
+/* The senders of send.c, under the names the handlers call them by. */
+#define send_frame gift__send_frame
+#define send_error gift__send_error
+#define send_reply gift__send_reply
 
 /* ------------------------------------------------------------------ */
 /* Creation and teardown                                                 */
@@ -629,32 +368,11 @@ static uint64_t placement_sig(Gift__ChunkDecl *const *c, size_t n)
     return sig;
 }
 
-/* Publishes g's current state as the newest geometry of t: the payload
- * buffer (U then lambda) and the epoch record. */
+/* The owner's publish, under the name store_build calls it by. */
 static int publish_geometry(gift_shard_t *s, tensor_t *t, uint64_t valid_from)
 {
-    size_t ub = (size_t)t->cols * t->ks * 4, lb = (size_t)t->ks * 4;
-    gift_rbuf_t *b = t->geo_buf;
-    if (b == NULL || b->refs > 1) {
-        /* A write still holds the old basis: it keeps it, we take a new one. */
-        gift_rbuf_t *nb = gift_rbuf_new(ub + lb);
-        if (nb == NULL)
-            return GIFT_ENOMEM;
-        gift_rbuf_unref(b);
-        t->geo_buf = b = nb;
-    }
-    memcpy(b->data, t->geo.U, ub);
-    memcpy(b->data + ub, t->geo.lambda, lb);
-    b->len = ub + lb;
-    if (t->nepochs == MAX_EPOCH_RECS) {
-        memmove(t->epochs, t->epochs + 1, (MAX_EPOCH_RECS - 1) * sizeof t->epochs[0]);
-        t->nepochs--;
-    }
-    t->epochs[t->nepochs].epoch = t->geo.epoch;
-    t->epochs[t->nepochs].valid_from = valid_from;
-    t->nepochs++;
     (void)s;
-    return 0;
+    return gift__owner_publish(t, valid_from);
 }
 
 uint64_t gift_shard_memory_default(void)
@@ -962,9 +680,7 @@ fail:
     return rc;
 }
 
-/* Builds the store from d (already checked against its digest) and keeps
- * its packed form for checkpoints. On error nothing is kept. */
-static int declare_apply(gift_shard_t *s, const Gift__Declare *d, char *why, size_t whylen)
+int gift__shard_declare_apply(gift_shard_t *s, const Gift__Declare *d, char *why, size_t whylen)
 {
     size_t len = gift__declare__get_packed_size(d);
     uint8_t *buf = malloc(len ? len : 1);
@@ -985,9 +701,10 @@ static int declare_apply(gift_shard_t *s, const Gift__Declare *d, char *why, siz
     return 0;
 }
 
-static int log_append(gift_shard_t *s, uint32_t type, const void *const *parts,
-                      const size_t *lens, int n, int sync);
-static void ckpt_schedule(gift_shard_t *s);
+void gift__shard_store_free(gift_shard_t *s)
+{
+    store_free(s);
+}
 
 static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d)
 {
@@ -1024,35 +741,29 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
             s->world = p->world;
             s->words = (s->world + 63) / 64;
         }
-        if ((rc = declare_apply(s, d, why, sizeof why)) < 0) {
+        if ((rc = gift__shard_declare_apply(s, d, why, sizeof why)) < 0) {
             if (adopt)
                 s->world = 0, s->words = 0;
             send_error(s, p, rc, 0, 0, 0, 0, 0, "declare refused: %s", why);
             return 0;
         }
-        if (s->persist) {
-            /* The world size, then the Declare. */
-            uint8_t wb[4] = {(uint8_t)s->world, (uint8_t)(s->world >> 8),
-                             (uint8_t)(s->world >> 16), (uint8_t)(s->world >> 24)};
-            const void *parts[2] = {wb, s->decl};
-            size_t lens[2] = {4, s->decl_len};
-            if ((rc = log_append(s, GIFT_LOG_DECLARE, parts, lens, 2, 1)) < 0) {
-                /* Not durable: forget it, so that nothing is built on it. */
-                store_free(s);
-                if (adopt)
-                    s->world = 0, s->words = 0;
-                send_error(s, p, rc, 0, 0, 0, 0, 0,
-                           "declare refused: cannot write it to the step log in %s", s->dir);
-                return 0;
-            }
+        if (s->jr && (rc = s->jr->declare(s)) < 0) {
+            /* Not durable: forget it, so that nothing is built on it. */
+            store_free(s);
+            if (adopt)
+                s->world = 0, s->words = 0;
+            send_error(s, p, rc, 0, 0, 0, 0, 0,
+                       "declare refused: cannot write it to the step log in %s", s->dir);
+            return 0;
         }
-        ckpt_schedule(s);
         if (adopt)
             GIFT_LOG_INFO(p->id, "world size %u (from the first Declare, rank %u's Hello)",
                           s->world, p->rank);
-        GIFT_LOG_INFO(p->id, "declared %zu tensors, %zu chunks on this shard (%.1f MiB of "
-                      "max_memory %.1f MiB)", s->ntensors, s->nchunks,
-                      (double)s->mem / 1048576.0, (double)s->o.max_memory / 1048576.0);
+        GIFT_LOG_INFO(p->id,
+                      "declared %zu tensors, %zu chunks on this shard (%.1f MiB of "
+                      "max_memory %.1f MiB)",
+                      s->ntensors, s->nchunks, (double)s->mem / 1048576.0,
+                      (double)s->o.max_memory / 1048576.0);
     }
     ack.tensors = (uint32_t)s->ntensors;
     ack.chunks = (uint32_t)s->nchunks;
@@ -1188,147 +899,15 @@ static chunk_t *find_chunk(gift_shard_t *s, uint32_t key, uint32_t id)
     }
 }
 
-/* The epoch the owner expects for pushes of step. */
+chunk_t *gift__shard_find_chunk(gift_shard_t *s, uint32_t key, uint32_t id)
+{
+    return find_chunk(s, key, id);
+}
+
+/* The owner's epoch of a step, under the name handle_push calls it by. */
 static uint32_t epoch_for_step(const tensor_t *t, uint64_t step)
 {
-    uint32_t e = t->nepochs ? t->epochs[0].epoch : 0;
-    for (uint32_t i = 0; i < t->nepochs; i++)
-        if (t->epochs[i].valid_from <= step)
-            e = t->epochs[i].epoch;
-    return e;
-}
-
-static uint32_t latest_epoch(const tensor_t *t)
-{
-    return t->nepochs ? t->epochs[t->nepochs - 1].epoch : 0;
-}
-
-static void send_reply(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, const reply_t *r,
-                       uint64_t seq)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__PullReply pr = GIFT__PULL_REPLY__INIT;
-    Gift__Codec codec = GIFT__CODEC__INIT;
-    tensor_t *t = ch->t;
-
-    if (r->err) {
-        send_error(s, p, r->err, 0, t->key, ch->id, r->step, seq,
-                   "step %" PRIu64 " of tensor %u chunk %u could not be encoded: %s", r->step,
-                   t->key, ch->id, gift_strerror(r->err));
-        return;
-    }
-    codec.format = t->pull_fmt;
-    codec.block = t->pull_block;
-    pr.key = t->key;
-    pr.chunk = ch->id;
-    pr.step = r->step;
-    pr.epoch = r->epoch;
-    pr.codec = &codec;
-    pr.contributors = s->world;
-    pr.seq = seq;
-    pr.latest_epoch = (t->owner && t->geometry && ch->id == 0) ? latest_epoch(t) : 0;
-    env.msg_case = GIFT__ENVELOPE__MSG_PULL_REPLY;
-    env.pull_reply = &pr;
-    if (send_frame(s, p, &env, r->buf, 0, ch->pull_l.total) == 0) {
-        s->c.pull_bytes_out[t->pull.fmt] += ch->pull_l.total;
-        s->c.pull_frames_out[t->pull.fmt]++;
-        t->bytes_out += ch->pull_l.total;
-    }
-}
-
-/* Appends a finished chunk step to the step log (a no-op while replaying). */
-static int log_step(gift_shard_t *s, chunk_t *ch, const reply_t *r)
-{
-    uint8_t h[28], pe[4];
-    const void *parts[4];
-    size_t lens[4];
-    int nparts = 2;
-    gift_ckpt_buf_t b = {0};
-    int rc;
-    if (s->replaying)
-        return 0;
-    /* key, chunk, step, epoch, err, reply length, the reply bytes; with pull
-     * error feedback then the residual's epoch and the residual. */
-    b.p = h;
-    b.cap = sizeof h;
-    gift_ckpt_put_u32(&b, ch->t->key);
-    gift_ckpt_put_u32(&b, ch->id);
-    gift_ckpt_put_u64(&b, r->step);
-    gift_ckpt_put_u32(&b, r->epoch);
-    gift_ckpt_put_u32(&b, (uint32_t)r->err);
-    gift_ckpt_put_u32(&b, r->err ? 0u : (uint32_t)ch->pull_l.total);
-    parts[0] = h;
-    lens[0] = b.len;
-    parts[1] = r->buf->data;
-    lens[1] = r->err ? 0 : ch->pull_l.total;
-    if (ch->pres != NULL) {
-        /* Pull error feedback: the residual after this step, so a replay
-         * of the log resumes it (its epoch, then n floats). */
-        gift_ckpt_buf_t eb = {.p = pe, .cap = sizeof pe};
-        gift_ckpt_put_u32(&eb, ch->pres_epoch);
-        parts[2] = pe;
-        lens[2] = sizeof pe;
-        parts[3] = ch->pres;
-        lens[3] = ch->n * sizeof(float);
-        nparts = 4;
-    }
-    if ((rc = log_append(s, GIFT_LOG_STEP, parts, lens, nparts, !s->o.group_commit)) < 0)
-        GIFT_LOG_ERROR(0, "tensor %u chunk %u step %" PRIu64 " is not durable: its pulls fail "
-                       "with %s", ch->t->key, ch->id, r->step, gift_strerror(GIFT_EIO));
-    return rc;
-}
-
-static void maybe_checkpoint(gift_shard_t *s);
-
-/* The pull residual for a step of epoch: zeroed when it belongs to another. */
-static void pres_for_epoch(chunk_t *ch, uint32_t epoch)
-{
-    if (ch->pres_epoch != epoch) {
-        memset(ch->pres, 0, ch->n * sizeof *ch->pres);
-        ch->pres_epoch = epoch;
-    }
-}
-
-/* Pull error feedback: encodes v = mean + residual into the reply and keeps
- * v - decode(encode(v)) as the next step's residual (gift_encode_mean_ef,
- * slice by slice in cache). The residual belongs to the coordinates of one
- * geometry epoch; a step of another epoch starts from zero (non-owner shards
- * hold no geometry to rebase it with). On the steps that sample boundary
- * hits (hits: they read v from acc), or for an fp8 block the slices cannot
- * walk, the same arithmetic in passes over acc, which ends holding v. On an
- * encode error (an overflowed mean) the residual is dropped (zeroed). */
-static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv, int hits)
-{
-    const tensor_t *t = ch->t;
-    float *acc = sl->acc, *e = ch->pres;
-    int rc;
-    pres_for_epoch(ch, sl->epoch < 0 ? 0 : (uint32_t)sl->epoch);
-    if (!hits && (rc = gift_encode_mean_ef(&t->pull, acc, ch->n, inv, e, r->buf->data,
-                                           r->buf->cap)) != GIFT_EFORMAT)
-        return rc;
-    for (size_t i = 0; i < ch->n; i++)
-        acc[i] = (acc[i] * inv + 0.0f) + e[i];
-    if ((rc = gift_encode(&t->pull, acc, ch->n, r->buf->data, r->buf->cap)) < 0 ||
-        (rc = gift_decode(&t->pull, r->buf->data, ch->pull_l.total, ch->n, e)) < 0) {
-        memset(e, 0, ch->n * sizeof *e);
-        return rc;
-    }
-    gift_vec_sub(acc, e, ch->n, e);
-    return 0;
-}
-
-/* A step's reply buffer, free of writes still sending an older step from
- * it (those keep the old buffer). 0, or GIFT_ENOMEM with refs still > 1. */
-static int reply_writable(chunk_t *ch, reply_t *r)
-{
-    if (r->buf->refs > 1) {
-        gift_rbuf_t *nb = gift_rbuf_new(ch->pull_l.total);
-        if (nb == NULL)
-            return GIFT_ENOMEM;
-        gift_rbuf_unref(r->buf);
-        r->buf = nb;
-    }
-    return 0;
+    return gift__owner_epoch_for_step(t, step);
 }
 
 /* Finishes step ch->base (all world pushes summed): mean, encode into the
@@ -1340,30 +919,10 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
     while (ch->slot[ch->base & 1].count == s->world) {
         slot_t *sl = &ch->slot[ch->base & 1];
         reply_t *r = &ch->reply[ch->base & 1];
-        const float inv = 1.0f / (float)s->world;
         uint64_t step = ch->base;
         int rc;
 
-        /* Writes of step - 2 still hold the buffer: leave it to them. */
-        (void)reply_writable(ch, r);
-        /* The mean is acc * (1/N) + 0 (the +0 makes it the sum a zeroed
-         * accumulator would give, see handle_push). Encoded already when the
-         * last push was fused with it (add_in_order). On the steps that
-         * measure boundary hits the mean is materialised in place; otherwise
-         * scaling and encoding are one cache-resident pass (the same bytes). */
-        if (sl->fused) {
-            rc = sl->fused_rc;
-        } else if (r->buf->refs > 1) {
-            rc = GIFT_ENOMEM;
-        } else if (ch->pres != NULL) {
-            rc = encode_mean_ef(ch, sl, r, inv, s->o.hits_every && step % s->o.hits_every == 0);
-        } else if (s->o.hits_every && step % s->o.hits_every == 0) {
-            for (size_t i = 0; i < ch->n; i++)
-                sl->acc[i] = sl->acc[i] * inv + 0.0f;
-            rc = gift_encode(&t->pull, sl->acc, ch->n, r->buf->data, r->buf->cap);
-        } else {
-            rc = gift_encode_mean(&t->pull, sl->acc, ch->n, inv, r->buf->data, r->buf->cap);
-        }
+        rc = gift__agg_mean(ch, sl, r, s->world, hits_step(s, step));
         r->buf->len = ch->pull_l.total;
         r->err = rc < 0 ? rc : 0;
         r->step = step;
@@ -1375,16 +934,16 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         /* Durable before any pull of it is answered: synced now, or with
          * group commit at the next gift_shard_flush (its pulls wait). */
         r->durable = 1;
-        if (s->persist && log_step(s, ch, r) < 0) {
+        if (s->jr && s->jr->step(s, ch, r) < 0) {
             r->err = GIFT_EIO;
-        } else if (s->persist && s->o.group_commit && !s->replaying) {
+        } else if (s->jr && s->o.group_commit && !s->replaying) {
             r->durable = 0;
             if (!ch->pending) {
                 ch->pending = 1;
                 s->pending[s->npending++] = ch;
             }
         }
-        if (rc == 0 && s->o.hits_every && step % s->o.hits_every == 0) {
+        if (rc == 0 && hits_step(s, step)) {
             gift_hits_t h;
             if (gift_boundary_hits(&t->pull, sl->acc, r->buf->data, r->buf->cap, ch->n, &h) == 0 &&
                 h.n > 0)
@@ -1419,84 +978,17 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
             }
         }
     }
-    maybe_checkpoint(s);
+    if (s->jr)
+        s->jr->steps_done(s);
 }
 
-/* Sums the push of rank sl->next (in rank order) into sl. The last one of a
- * step that finish_steps finishes right after (now: it is ch->base) is
- * fused with the mean's encoding (gift_decode_encode_mean, or with pull
- * error feedback gift_decode_encode_mean_ef on the residual of the step's
- * epoch, straight into the step's reply buffer, acc not written): the same
- * bytes and residual, one pass over the sum less and no write of it. Not on
- * the steps that sample boundary hits (they read the mean from acc), nor for
- * layouts it cannot walk (GIFT_EFORMAT: the two-step path). Returns 0 or the
- * payload's error. */
-static int add_in_order(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, uint32_t epoch,
-                        int now, const uint8_t *payload, size_t len)
-{
-    const gift_codec_params_t *cp = &ch->t->push;
-    if (now && sl->next + 1 == s->world && !(s->o.hits_every && step % s->o.hits_every == 0)) {
-        reply_t *r = &ch->reply[step & 1];
-        if (reply_writable(ch, r) == 0) {
-            const float *acc = sl->next == 0 ? NULL : sl->acc;
-            const float inv = 1.0f / (float)s->world;
-            int rc;
-            if (ch->pres != NULL) {
-                /* A refused payload must not cost the residual: checked
-                 * before a new epoch's reset (the call checks it too). */
-                if (ch->pres_epoch != epoch &&
-                    (rc = gift_payload_check(cp, payload, len, ch->n)) < 0)
-                    return rc;
-                pres_for_epoch(ch, epoch);
-                rc = gift_decode_encode_mean_ef(cp, payload, len, acc, ch->n, inv, &ch->t->pull,
-                                                ch->pres, r->buf->data, r->buf->cap);
-            } else {
-                rc = gift_decode_encode_mean(cp, payload, len, acc, ch->n, inv, &ch->t->pull,
-                                             r->buf->data, r->buf->cap);
-            }
-            if (rc == GIFT_EBADCODE)
-                return rc; /* the payload: refused, as a decode would */
-            if (rc != GIFT_EFORMAT) {
-                sl->fused = 1;
-                sl->fused_rc = rc; /* 0, or the encode's (an overflowed mean) */
-                return 0;
-            }
-        }
-    }
-    if (sl->next == 0)
-        return gift_decode(cp, payload, len, ch->n, sl->acc);
-    return gift_decode_acc(cp, payload, len, ch->n, sl->acc);
-}
-
-/* Ordered aggregation of rank's push into sl (its bit is not set yet): in
- * rank order it is summed at once, followed by every kept push that now
- * follows without a gap; out of order it is validated (gift_payload_check:
- * the checks of a decode, without decoding) and kept. now: step is the one
- * finish_steps finishes next; epoch: the step's (every push of a step has
- * it). Returns 0, or the decode error (nothing kept). */
+/* The aggregation arithmetic's ordered add (aggregate.c), under the name
+ * handle_push calls it by. */
 static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, uint32_t epoch,
                        int now, uint32_t rank, const uint8_t *payload, size_t len)
 {
-    const gift_codec_params_t *cp = &ch->t->push;
-    int rc;
-    if (rank != sl->next) {
-        if ((rc = gift_payload_check(cp, payload, len, ch->n)) < 0)
-            return rc;
-        memcpy(sl->pay + (size_t)rank * ch->pay_stride, payload, len);
-        return 0;
-    }
-    if ((rc = add_in_order(s, ch, sl, step, epoch, now, payload, len)) < 0)
-        return rc;
-    sl->next++;
-    while (sl->next < s->world && bit_get(sl->ranks, sl->next)) {
-        /* Validated when it arrived. */
-        rc = add_in_order(s, ch, sl, step, epoch, now,
-                          sl->pay + (size_t)sl->next * ch->pay_stride, ch->push_l.total);
-        if (rc < 0)
-            return rc;
-        sl->next++;
-    }
-    return 0;
+    return gift__agg_ordered_add(ch, sl, s->world, hits_step(s, step), step, epoch, now, rank,
+                                 payload, len);
 }
 
 /* The newest base step over the shard's started chunks (0 when none). */
@@ -1758,103 +1250,29 @@ static uint64_t first_clean_step(const tensor_t *t, uint64_t from)
     return v;
 }
 
-static void send_geometry(gift_shard_t *s, gift_peer_t *p, tensor_t *t, uint64_t seq)
-{
-    Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__Geometry g = GIFT__GEOMETRY__INIT;
-    g.key = t->key;
-    g.epoch = t->geo.epoch;
-    g.valid_from_step = t->nepochs ? t->epochs[t->nepochs - 1].valid_from : 0;
-    g.din = t->cols;
-    g.rank = t->k;
-    g.basis_cols = t->ks;
-    g.trace = t->geo.trace;
-    g.sigma2 = t->geo.sigma2;
-    g.delta = t->geo.delta;
-    g.identity = t->geo.identity != 0;
-    g.seq = seq;
-    env.msg_case = GIFT__ENVELOPE__MSG_GEOMETRY;
-    env.geometry = &g;
-    (void)send_frame(s, p, &env, t->geo_buf, 0, t->geo_buf->len);
-}
-
-/* Starts the sketch round of step for t, forgetting any unfinished one. */
-static void sketch_begin(gift_shard_t *s, tensor_t *t, uint64_t step)
-{
-    memset(t->ysum, 0, (size_t)t->cols * t->ks * sizeof(float));
-    memset(t->sk_ranks, 0, s->words * sizeof(uint64_t));
-    t->trace_sum = 0.0;
-    t->sk_count = 0;
-    t->sk_step = step;
-    t->sk_active = 1;
-}
-
-/* Adds rank's sketch Y (cols x ks floats, possibly unaligned) to the round:
- * summed at once (eager) or kept for the rank-ordered sum (ordered). */
-static void sketch_add(gift_shard_t *s, tensor_t *t, uint32_t rank, double trace,
-                       const uint8_t *Y)
-{
-    size_t ny = (size_t)t->cols * t->ks;
-    if (s->o.aggregate == GIFT_SHARD_ORDERED) {
-        memcpy(t->yr + rank * ny, Y, ny * sizeof(float));
-        t->tr[rank] = trace;
-    } else {
-        for (size_t i = 0; i < ny; i++) {
-            float y;
-            memcpy(&y, Y + 4 * i, 4);
-            t->ysum[i] += y;
-        }
-        t->trace_sum += trace;
-    }
-    bit_set(t->sk_ranks, rank);
-    t->sk_count++;
-    s->c.sketches++;
-}
-
-static void log_epoch(gift_shard_t *s, tensor_t *t);
-
-/* Every rank's sketch is in: builds and publishes the next epoch. */
-static void sketch_complete(gift_shard_t *s, tensor_t *t)
+int gift__shard_round_finish(gift_shard_t *s, tensor_t *t)
 {
     uint64_t step = t->sk_step;
     int rc;
-    t->sk_active = 0;
-    if (s->o.aggregate == GIFT_SHARD_ORDERED) {
-        size_t ny = (size_t)t->cols * t->ks;
-        memset(t->ysum, 0, ny * sizeof(float));
-        t->trace_sum = 0.0;
-        for (uint32_t r = 0; r < s->world; r++) {
-            const float *y = t->yr + r * ny;
-            for (size_t i = 0; i < ny; i++)
-                t->ysum[i] += y[i];
-            t->trace_sum += t->tr[r];
-        }
-    }
-    /* geometry_decay: the epoch averages onto t->geo with weights decay^age over
-     * the rounds seen (gift_geometry_decay_at, the epoch number counting the
-     * rounds; after an identity epoch it overcounts and b is merely nearer
-     * decay), a function of the published state, which checkpoints and epoch
-     * records restore exactly. */
-    if ((rc = gift_geometry_update_decay(
-             &t->geo, t->ysum, t->trace_sum, s->o.damping,
-             gift_geometry_decay_at(s->o.geometry_decay, t->geo.epoch))) < 0) {
+    if ((rc = gift__owner_build(t, s->world, s->o.aggregate == GIFT_SHARD_ORDERED, s->o.damping,
+                                s->o.geometry_decay)) < 0) {
         GIFT_LOG_ERROR(0, "tensor %u: geometry update at step %" PRIu64
                           " failed (%s); keeping epoch %u",
                        t->key, step, gift_strerror(rc), t->geo.epoch);
-        count_error(s, rc);
-    } else if ((rc = publish_geometry(s, t, first_clean_step(t, step + 1))) < 0) {
-        count_error(s, rc);
-    } else {
-        t->sk_done = 1;
-        t->sk_done_step = step;
-        s->c.epochs_published++;
-        log_epoch(s, t);
-        GIFT_LOG_INFO(0,
-                      "tensor %u: epoch %u published, valid from step %" PRIu64
-                      " (sigma2 %.3g, delta %.3g)",
-                      t->key, t->geo.epoch, t->epochs[t->nepochs - 1].valid_from, t->geo.sigma2,
-                      t->geo.delta);
+        gift__count_error(s, rc);
+        return rc;
     }
+    if ((rc = gift__owner_publish_round(t, first_clean_step(t, step + 1))) < 0) {
+        gift__count_error(s, rc);
+        return rc;
+    }
+    s->c.epochs_published++;
+    GIFT_LOG_INFO(0,
+                  "tensor %u: epoch %u published, valid from step %" PRIu64
+                  " (sigma2 %.3g, delta %.3g)",
+                  t->key, t->geo.epoch, t->epochs[t->nepochs - 1].valid_from, t->geo.sigma2,
+                  t->geo.delta);
+    return rc;
 }
 
 static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
@@ -1863,81 +1281,38 @@ static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__SketchAck ack = GIFT__SKETCH_ACK__INIT;
     tensor_t *t = find_owned(s, p, m->key, m->step, m->seq);
+    char why[256];
     size_t ny;
-    int dup = 0, rc;
+    int dup, rc;
 
     if (t == NULL)
         return 0;
     ny = (size_t)t->cols * t->ks;
-    if (m->din != t->cols || m->basis_cols != t->ks || f->payload_len != ny * 4) {
-        send_error(s, p, GIFT_ESHAPE, 0, m->key, 0, m->step, m->seq,
-                   "sketch of %u x %u (%" PRIu64 " bytes); tensor %u needs %u x %u", m->din,
-                   m->basis_cols, f->payload_len, m->key, t->cols, t->ks);
+    rc = gift__owner_sketch_check(t, m, p->rank, f->payload, f->payload_len, why, sizeof why);
+    if (rc < 0) {
+        send_error(s, p, rc, 0, m->key, 0, m->step, m->seq, "%s", why);
         return 0;
     }
-    if (t->sk_done && m->step == t->sk_done_step && m->epoch + 1 == t->geo.epoch) {
-        /* A replay of the round that built the newest epoch. */
-        dup = 1;
-        goto ack;
-    }
-    if (m->epoch != t->geo.epoch) {
-        send_error(s, p, GIFT_EEPOCH, 0, m->key, 0, m->step, m->seq,
-                   "sketch against the basis of epoch %u; the newest is %u", m->epoch,
-                   t->geo.epoch);
+    if (rc == GIFT__SKETCH_RESTART)
+        GIFT_LOG_WARN(p->id,
+                      "tensor %u: sketches of step %" PRIu64 " incomplete (%u of %u); starting "
+                      "step %" PRIu64,
+                      t->key, t->sk_step, t->sk_count, s->world, m->step);
+    dup = rc == GIFT__SKETCH_DUP;
+    /* Durable before the SketchAck. */
+    if (!dup && s->jr &&
+        (rc = s->jr->sketch(s, t, m->step, p->rank, m->epoch, m->trace, f->payload, ny * 4)) < 0) {
+        send_error(s, p, rc, 0, m->key, 0, m->step, m->seq,
+                   "sketch not accepted: cannot write it to the step log in %s", s->dir);
         return 0;
-    }
-    if (!(m->trace >= 0.0) || !isfinite(m->trace)) {
-        send_error(s, p, GIFT_EBADCODE, 0, m->key, 0, m->step, m->seq,
-                   "sketch trace %g is not a finite non-negative number", m->trace);
-        return 0;
-    }
-    for (size_t i = 0; i < ny; i++) {
-        float y;
-        memcpy(&y, f->payload + 4 * i, 4);
-        if (!isfinite(y)) {
-            send_error(s, p, GIFT_EBADCODE, 0, m->key, 0, m->step, m->seq,
-                       "sketch holds NaN or Inf at element %zu", i);
-            return 0;
-        }
-    }
-    if (t->sk_active && m->step != t->sk_step) {
-        if (m->step < t->sk_step) {
-            dup = 1;
-        } else {
-            GIFT_LOG_WARN(p->id,
-                     "tensor %u: sketches of step %" PRIu64 " incomplete (%u of %u); starting "
-                     "step %" PRIu64,
-                     t->key, t->sk_step, t->sk_count, s->world, m->step);
-            t->sk_active = 0;
-        }
-    }
-    if (!dup && t->sk_active && bit_get(t->sk_ranks, p->rank))
-        dup = 1;
-    if (!dup && s->persist) {
-        /* Durable before the SketchAck. */
-        uint8_t h[36];
-        const void *parts[2] = {h, f->payload};
-        size_t lens[2] = {0, ny * 4};
-        gift_ckpt_buf_t b = {h, 0, sizeof h, 0};
-        gift_ckpt_put_u32(&b, t->key);
-        gift_ckpt_put_u64(&b, m->step);
-        gift_ckpt_put_u32(&b, p->rank);
-        gift_ckpt_put_u32(&b, m->epoch);
-        gift_ckpt_put_f64(&b, m->trace);
-        gift_ckpt_put_u64(&b, ny * 4);
-        lens[0] = b.len;
-        if ((rc = log_append(s, GIFT_LOG_SKETCH, parts, lens, 2, 1)) < 0) {
-            send_error(s, p, rc, 0, m->key, 0, m->step, m->seq,
-                       "sketch not accepted: cannot write it to the step log in %s", s->dir);
-            return 0;
-        }
     }
     if (!dup) {
         if (!t->sk_active)
-            sketch_begin(s, t, m->step);
-        sketch_add(s, t, p->rank, m->trace, f->payload);
+            gift__owner_sketch_begin(t, s->words, m->step);
+        gift__owner_sketch_add(t, s->o.aggregate == GIFT_SHARD_ORDERED, p->rank, m->trace,
+                               f->payload);
+        s->c.sketches++;
     }
-ack:
     ack.key = m->key;
     ack.step = m->step;
     ack.duplicate = dup;
@@ -1945,8 +1320,8 @@ ack:
     env.msg_case = GIFT__ENVELOPE__MSG_SKETCH_ACK;
     env.sketch_ack = &ack;
     (void)send_frame(s, p, &env, NULL, 0, 0);
-    if (!dup && t->sk_count == s->world)
-        sketch_complete(s, t);
+    if (!dup && t->sk_count == s->world && gift__shard_round_finish(s, t) > 0 && s->jr)
+        s->jr->epoch(s, t);
     return 0;
 }
 
@@ -1954,111 +1329,28 @@ static int handle_geometry_request(gift_shard_t *s, gift_peer_t *p, const Gift__
 {
     tensor_t *t = find_owned(s, p, m->key, 0, m->seq);
     if (t != NULL)
-        send_geometry(s, p, t, m->seq);
+        gift__send_geometry(s, p, t, m->seq);
     return 0;
 }
 
 /* ------------------------------------------------------------------ */
-/* Stats                                                                 */
+/* Stats (stats.c builds the message)                                    */
 /* ------------------------------------------------------------------ */
 
-int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_status_t *out,
-                             uint64_t *missing, size_t words)
-{
-    const tensor_t *t;
-    const chunk_t *oldest = NULL;
-    if (index >= s->ntensors || out == NULL)
-        return GIFT_ENOKEY;
-    t = &s->tensors[index];
-    memset(out, 0, sizeof *out);
-    out->key = t->key;
-    out->name = t->name;
-    out->owner = t->owner && t->geometry;
-    out->epoch = out->owner ? latest_epoch(t) : 0;
-    out->hit_rate = t->hit_rate;
-    out->bytes_in = t->bytes_in;
-    out->bytes_out = t->bytes_out;
-    out->push_codec = gift_format_name(t->push.fmt);
-    out->pull_codec = gift_format_name(t->pull.fmt);
-    for (uint32_t i = 0; i < t->nchunks; i++) {
-        const chunk_t *ch = t->by_id[i];
-        if (ch && ch->started && (oldest == NULL || ch->base < oldest->base))
-            oldest = ch;
-    }
-    if (missing)
-        memset(missing, 0, words * sizeof(uint64_t));
-    if (oldest != NULL) {
-        const slot_t *sl = &oldest->slot[oldest->base & 1];
-        out->has_step = 1;
-        out->step = oldest->base;
-        out->missing = s->world - sl->count;
-        for (uint32_t r = 0; missing && r < s->world && (r >> 6) < words; r++)
-            if (!bit_get(sl->ranks, r))
-                bit_set(missing, r);
-    }
-    return 0;
-}
-
+/* Answers a StatsRequest with the shard's counters and per-tensor status. */
 static int handle_stats(gift_shard_t *s, gift_peer_t *p, const Gift__StatsRequest *m)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__Stats st = GIFT__STATS__INIT;
-    Gift__TensorStats *ts = NULL, **tsp = NULL;
-    uint32_t *ranks = NULL;
-    uint64_t *bm = NULL;
-    size_t nt = s->ntensors, nr = 0;
+    gift_stats_msg_t sm;
 
-    st.shard_id = s->o.shard_id;
-    st.frames_in = s->c.frames_in;
-    st.frames_out = s->c.frames_out;
-    st.bytes_in = s->c.bytes_in;
-    st.bytes_out = s->c.bytes_out;
-    st.pushes = s->c.pushes;
-    st.pulls = s->c.pulls;
-    st.steps_finished = s->c.steps_finished;
-    st.connections = s->c.peers;
-    st.seq = m->seq;
-    if (nt > 0) {
-        ts = calloc(nt, sizeof *ts);
-        tsp = calloc(nt, sizeof *tsp);
-        ranks = calloc(nt * (size_t)s->world, sizeof *ranks);
-        bm = calloc(s->words ? s->words : 1, sizeof *bm);
-        if (ts == NULL || tsp == NULL || ranks == NULL || bm == NULL) {
-            send_error(s, p, GIFT_ENOMEM, 0, 0, 0, 0, m->seq, "out of memory for stats");
-            goto out;
-        }
-        for (size_t i = 0; i < nt; i++) {
-            gift_tensor_status_t ss;
-            gift__tensor_stats__init(&ts[i]);
-            tsp[i] = &ts[i];
-            gift_shard_tensor_status(s, i, &ss, bm, s->words);
-            ts[i].key = ss.key;
-            ts[i].name = (char *)ss.name;
-            ts[i].step_finished = ss.has_step ? ss.step : 0;
-            ts[i].epoch = ss.epoch;
-            ts[i].bytes_in = ss.bytes_in;
-            ts[i].bytes_out = ss.bytes_out;
-            ts[i].push_codec = (char *)ss.push_codec;
-            ts[i].pull_codec = (char *)ss.pull_codec;
-            ts[i].boundary_hit_rate = ss.hit_rate;
-            ts[i].missing_ranks = ranks + nr;
-            if (ss.has_step)
-                for (uint32_t r = 0; r < s->world; r++)
-                    if (bit_get(bm, r))
-                        ranks[nr + ts[i].n_missing_ranks++] = r;
-            nr += ts[i].n_missing_ranks;
-        }
-        st.n_tensors = nt;
-        st.tensors = tsp;
+    if (gift__stats_build(s, m->seq, &sm) < 0) {
+        send_error(s, p, GIFT_ENOMEM, 0, 0, 0, 0, m->seq, "out of memory for stats");
+    } else {
+        env.msg_case = GIFT__ENVELOPE__MSG_STATS;
+        env.stats = &sm.st;
+        (void)send_frame(s, p, &env, NULL, 0, 0);
     }
-    env.msg_case = GIFT__ENVELOPE__MSG_STATS;
-    env.stats = &st;
-    (void)send_frame(s, p, &env, NULL, 0, 0);
-out:
-    free(ts);
-    free(tsp);
-    free(ranks);
-    free(bm);
+    gift__stats_release(&sm);
     return 0;
 }
 
@@ -2220,54 +1512,16 @@ void gift_shard_tick(gift_shard_t *s)
     }
 }
 
-const gift_shard_counters_t *gift_shard_counters(const gift_shard_t *s)
-{
-    return &s->c;
-}
-
-uint32_t gift_shard_world_size(const gift_shard_t *s)
-{
-    return s->world;
-}
-
-size_t gift_shard_tensor_count(const gift_shard_t *s)
-{
-    return s->ntensors;
-}
-
-int gift_shard_ready(const gift_shard_t *s)
-{
-    return s != NULL;
-}
-
 /* ------------------------------------------------------------------ */
-/* Persistence (checkpoint.h holds the file formats)                     */
+/* Group commit (the journal writes, the shard answers)                  */
 /* ------------------------------------------------------------------ */
-
-static int log_append(gift_shard_t *s, uint32_t type, const void *const *parts,
-                      const size_t *lens, int n, int sync)
-{
-    int rc;
-    uint64_t before = s->log.bytes;
-    if (!s->persist || s->replaying)
-        return 0;
-    if ((rc = gift_log_append(&s->log, type, parts, lens, n, sync)) < 0) {
-        s->c.log_failures++;
-        return rc;
-    }
-    s->c.log_records++;
-    s->c.log_bytes += s->log.bytes - before;
-    return 0;
-}
 
 void gift_shard_flush(gift_shard_t *s)
 {
     int rc;
     if (s->npending == 0)
         return;
-    rc = gift_log_sync(&s->log);
-    if (rc < 0)
-        s->c.log_failures++;
+    rc = s->jr->sync(s);
     for (size_t i = 0; i < s->npending; i++) {
         chunk_t *ch = s->pending[i];
         ch->pending = 0;
@@ -2289,553 +1543,4 @@ void gift_shard_flush(gift_shard_t *s)
         }
     }
     s->npending = 0;
-}
-
-static void log_epoch(gift_shard_t *s, tensor_t *t)
-{
-    uint8_t h[64];
-    gift_ckpt_buf_t b = {h, 0, sizeof h, 0};
-    const void *parts[3];
-    size_t lens[3];
-    if (!s->persist || s->replaying)
-        return;
-    gift_ckpt_put_u32(&b, t->key);
-    gift_ckpt_put_u64(&b, t->sk_done_step);
-    gift_ckpt_put_u32(&b, t->geo.epoch);
-    gift_ckpt_put_u64(&b, t->epochs[t->nepochs - 1].valid_from);
-    gift_ckpt_put_u32(&b, (uint32_t)t->geo.identity);
-    gift_ckpt_put_f64(&b, t->geo.trace);
-    gift_ckpt_put_f64(&b, t->geo.sigma2);
-    gift_ckpt_put_f64(&b, t->geo.delta);
-    parts[0] = h;
-    lens[0] = b.len;
-    parts[1] = t->geo.U;
-    lens[1] = (size_t)t->cols * t->ks * sizeof(float);
-    parts[2] = t->geo.lambda;
-    lens[2] = (size_t)t->ks * sizeof(float);
-    /* If this fails, a restart rebuilds the epoch from the logged sketches. */
-    if (log_append(s, GIFT_LOG_EPOCH, parts, lens, 3, 1) < 0)
-        GIFT_LOG_ERROR(0, "tensor %u: epoch %u not written to the step log", t->key,
-                       t->geo.epoch);
-}
-
-/* The oldest unfinished step over the chunks that have started (0 if none). */
-static uint64_t min_base(const gift_shard_t *s)
-{
-    uint64_t m = UINT64_MAX;
-    for (size_t i = 0; i < s->nchunks; i++)
-        if (s->chunks[i].started && s->chunks[i].base < m)
-            m = s->chunks[i].base;
-    return m == UINT64_MAX ? 0 : m;
-}
-
-static void ckpt_schedule(gift_shard_t *s)
-{
-    uint64_t cs = s->o.checkpoint_steps;
-    if (cs)
-        s->ckpt_next = (min_base(s) / cs + 1) * cs;
-}
-
-static void maybe_checkpoint(gift_shard_t *s)
-{
-    char err[512];
-    if (!s->persist || s->replaying || min_base(s) < s->ckpt_next)
-        return;
-    if (gift_shard_checkpoint(s, err, sizeof err) < 0)
-        GIFT_LOG_ERROR(0, "checkpoint failed: %s (the step log keeps growing)", err);
-}
-
-/* Sets t's geometry to a saved epoch and refreshes the published payload
- * (its epoch records are the caller's). U and lambda may be unaligned. */
-static int geo_restore(tensor_t *t, uint32_t epoch, int identity, double trace, double sigma2,
-                       double delta, const uint8_t *U, const uint8_t *lambda)
-{
-    size_t ub = (size_t)t->cols * t->ks * 4, lb = (size_t)t->ks * 4;
-    int rc;
-    memcpy(t->geo.U, U, ub);
-    memcpy(t->geo.lambda, lambda, lb);
-    if ((rc = gift_geometry_load(&t->geo, t->geo.U, t->geo.lambda, trace, sigma2, delta, epoch,
-                                 identity)) < 0)
-        return rc;
-    memcpy(t->geo_buf->data, U, ub);
-    memcpy(t->geo_buf->data + ub, lambda, lb);
-    t->geo_buf->len = ub + lb;
-    return 0;
-}
-
-/* The checkpoint body: see gift_shard_restore's parser for the same order. */
-static int snapshot_build(gift_shard_t *s, uint64_t gen, gift_ckpt_buf_t *b)
-{
-    gift_ckpt_put_u32(b, s->o.shard_id);
-    gift_ckpt_put_u32(b, s->o.num_shards);
-    gift_ckpt_put_u32(b, s->world);
-    gift_ckpt_put_u32(b, (uint32_t)s->o.aggregate);
-    gift_ckpt_put_u64(b, gen);
-    gift_ckpt_put_blob(b, s->decl, s->decl_len);
-    gift_ckpt_put_u64(b, s->nchunks);
-    for (size_t i = 0; i < s->nchunks; i++) {
-        const chunk_t *ch = &s->chunks[i];
-        gift_ckpt_put_u32(b, ch->t->key);
-        gift_ckpt_put_u32(b, ch->id);
-        gift_ckpt_put_u32(b, (uint32_t)ch->started);
-        gift_ckpt_put_u64(b, ch->base);
-        for (int j = 0; j < 2; j++) {
-            const reply_t *r = &ch->reply[j];
-            int has = r->valid && !r->err;
-            gift_ckpt_put_u32(b, (uint32_t)r->valid);
-            gift_ckpt_put_u32(b, (uint32_t)r->err);
-            gift_ckpt_put_u64(b, r->step);
-            gift_ckpt_put_u32(b, r->epoch);
-            gift_ckpt_put_blob(b, r->buf->data, has ? ch->pull_l.total : 0);
-        }
-        if (ch->pres != NULL) { /* pull error feedback (the declaration says so) */
-            gift_ckpt_put_u32(b, ch->pres_epoch);
-            gift_ckpt_put_blob(b, ch->pres, ch->n * sizeof(float));
-        }
-    }
-    for (size_t i = 0; i < s->ntensors; i++) {
-        const tensor_t *t = &s->tensors[i];
-        size_t ny = (size_t)t->cols * t->ks;
-        if (!t->owner || !t->geometry)
-            continue;
-        gift_ckpt_put_u32(b, t->key);
-        gift_ckpt_put_u32(b, t->nepochs);
-        for (uint32_t e = 0; e < t->nepochs; e++) {
-            gift_ckpt_put_u32(b, t->epochs[e].epoch);
-            gift_ckpt_put_u64(b, t->epochs[e].valid_from);
-        }
-        gift_ckpt_put_u32(b, t->geo.epoch);
-        gift_ckpt_put_u32(b, (uint32_t)t->geo.identity);
-        gift_ckpt_put_f64(b, t->geo.trace);
-        gift_ckpt_put_f64(b, t->geo.sigma2);
-        gift_ckpt_put_f64(b, t->geo.delta);
-        gift_ckpt_put_blob(b, t->geo.U, ny * 4);
-        gift_ckpt_put_blob(b, t->geo.lambda, (size_t)t->ks * 4);
-        gift_ckpt_put_u32(b, (uint32_t)t->sk_active);
-        gift_ckpt_put_u64(b, t->sk_step);
-        gift_ckpt_put_u32(b, t->sk_count);
-        gift_ckpt_put_blob(b, t->sk_ranks, s->words * 8);
-        gift_ckpt_put_u32(b, (uint32_t)t->sk_done);
-        gift_ckpt_put_u64(b, t->sk_done_step);
-        gift_ckpt_put_blob(b, t->ysum, ny * 4);
-        gift_ckpt_put_f64(b, t->trace_sum);
-        gift_ckpt_put_blob(b, t->yr, t->yr ? ny * 4 * s->world : 0);
-        gift_ckpt_put_blob(b, t->tr, t->tr ? 8 * (size_t)s->world : 0);
-    }
-    gift_ckpt_put_u32(b, 0x454e4421u); /* "!DNE": end of body */
-    return b->err;
-}
-
-int gift_shard_checkpoint(gift_shard_t *s, char *err, size_t errlen)
-{
-    gift_ckpt_buf_t *b = &s->ckpt_buf;
-    gift_log_t nl;
-    uint64_t gen = s->gen + 1;
-    uint64_t t0 = now_ns(s);
-    int rc;
-
-    err[0] = '\0';
-    if (!s->persist || !s->declared)
-        return 0;
-    b->len = 0;
-    b->err = 0;
-    if ((rc = snapshot_build(s, gen, b)) < 0) {
-        snprintf(err, errlen, "out of memory building the checkpoint");
-        goto out;
-    }
-    if ((rc = gift_ckpt_write(s->dir, b->p, b->len, err, errlen)) < 0)
-        goto out;
-    /* The checkpoint names generation gen: its log starts empty and the
-     * previous one is no longer read. */
-    if ((rc = gift_log_open(&nl, s->dir, gen, 1, err, errlen)) < 0)
-        goto out;
-    gift_log_close(&s->log);
-    s->log = nl;
-    s->gen = gen;
-    gift_log_remove_others(s->dir, gen);
-    s->c.checkpoints++;
-    GIFT_LOG_INFO(0, "checkpoint %" PRIu64 " written: %zu bytes, oldest unfinished step %" PRIu64
-                     " (%.1f ms)",
-                  gen, b->len, min_base(s), (double)(now_ns(s) - t0) * 1e-6);
-out:
-    if (rc < 0)
-        s->c.checkpoint_failures++;
-    ckpt_schedule(s);
-    return rc;
-}
-
-static int restore_declare(gift_shard_t *s, const uint8_t *p, size_t len, char *err,
-                           size_t errlen)
-{
-    char why[256] = "";
-    Gift__Declare *d = gift__declare__unpack(NULL, len, p);
-    int rc;
-    if (d == NULL) {
-        snprintf(err, errlen, "the saved declaration does not parse");
-        return GIFT_EIO;
-    }
-    if (s->world == 0) {
-        snprintf(err, errlen, "a declaration is saved but no world size");
-        gift__declare__free_unpacked(d, NULL);
-        return GIFT_EIO;
-    }
-    if ((rc = declare_apply(s, d, why, sizeof why)) < 0)
-        snprintf(err, errlen, "the saved declaration is refused: %s", why);
-    gift__declare__free_unpacked(d, NULL);
-    return rc;
-}
-
-/* Applies the checkpoint body. Returns 0 or a negative code with err. */
-static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char *err,
-                         size_t errlen)
-{
-    gift_ckpt_cur_t c = {body, len, 0, 0};
-    uint32_t shard_id, num_shards, world, agg;
-    const uint8_t *decl;
-    size_t dlen, n;
-    uint64_t nch;
-    int rc;
-
-    shard_id = gift_ckpt_get_u32(&c);
-    num_shards = gift_ckpt_get_u32(&c);
-    world = gift_ckpt_get_u32(&c);
-    agg = gift_ckpt_get_u32(&c);
-    s->gen = gift_ckpt_get_u64(&c);
-    decl = gift_ckpt_get_blob(&c, &dlen, len);
-    if (c.err)
-        goto short_body;
-    if (shard_id != s->o.shard_id || num_shards != s->o.num_shards) {
-        snprintf(err, errlen, "the checkpoint is of shard %u of %u; this is shard %u of %u",
-                 shard_id, num_shards, s->o.shard_id, s->o.num_shards);
-        return GIFT_ECONFIG;
-    }
-    if (world == 0 || world > 65536 || (s->world != 0 && world != s->world)) {
-        snprintf(err, errlen, "the checkpoint has world size %u; this shard is set to %u", world,
-                 s->world);
-        return GIFT_ECONFIG;
-    }
-    s->world = world;
-    s->words = (world + 63) / 64;
-    if (dlen == 0)
-        goto end; /* nothing was declared */
-    if ((rc = restore_declare(s, decl, dlen, err, errlen)) < 0)
-        return rc;
-    nch = gift_ckpt_get_u64(&c);
-    if (c.err || nch != s->nchunks) {
-        snprintf(err, errlen, "the checkpoint lists %" PRIu64 " chunks; its declaration has %zu",
-                 nch, s->nchunks);
-        return GIFT_EIO;
-    }
-    for (size_t i = 0; i < s->nchunks; i++) {
-        chunk_t *ch = &s->chunks[i];
-        uint32_t key = gift_ckpt_get_u32(&c), id = gift_ckpt_get_u32(&c);
-        ch->started = gift_ckpt_get_u32(&c) != 0;
-        ch->base = gift_ckpt_get_u64(&c);
-        if (c.err)
-            goto short_body;
-        if (key != ch->t->key || id != ch->id) {
-            snprintf(err, errlen, "chunk %zu of the checkpoint is %u/%u, not %u/%u", i, key, id,
-                     ch->t->key, ch->id);
-            return GIFT_EIO;
-        }
-        for (int j = 0; j < 2; j++) {
-            reply_t *r = &ch->reply[j];
-            const uint8_t *p;
-            r->valid = gift_ckpt_get_u32(&c) != 0;
-            r->durable = 1;
-            r->err = (int)gift_ckpt_get_u32(&c);
-            r->step = gift_ckpt_get_u64(&c);
-            r->epoch = gift_ckpt_get_u32(&c);
-            p = gift_ckpt_get_blob(&c, &n, ch->pull_l.total);
-            if (c.err)
-                goto short_body;
-            if (r->valid && !r->err && n != ch->pull_l.total) {
-                snprintf(err, errlen, "reply of tensor %u chunk %u has %zu bytes, not %zu", key,
-                         id, n, ch->pull_l.total);
-                return GIFT_EIO;
-            }
-            memcpy(r->buf->data, p, n);
-            r->buf->len = ch->pull_l.total;
-        }
-        if (ch->pres != NULL) {
-            const uint8_t *p;
-            ch->pres_epoch = gift_ckpt_get_u32(&c);
-            p = gift_ckpt_get_blob(&c, &n, ch->n * sizeof(float));
-            if (c.err)
-                goto short_body;
-            if (n != ch->n * sizeof(float)) {
-                snprintf(err, errlen, "the pull residual of tensor %u chunk %u has %zu bytes, "
-                                      "not %zu", key, id, n, ch->n * sizeof(float));
-                return GIFT_EIO;
-            }
-            memcpy(ch->pres, p, n);
-        }
-    }
-    for (size_t i = 0; i < s->ntensors; i++) {
-        tensor_t *t = &s->tensors[i];
-        size_t ny = (size_t)t->cols * t->ks, ul, ll, yl;
-        const uint8_t *U, *L, *p;
-        uint32_t epoch, identity;
-        double trace, sigma2, delta;
-        if (!t->owner || !t->geometry)
-            continue;
-        if (gift_ckpt_get_u32(&c) != t->key || c.err)
-            goto short_body;
-        t->nepochs = gift_ckpt_get_u32(&c);
-        if (t->nepochs == 0 || t->nepochs > MAX_EPOCH_RECS)
-            goto short_body;
-        for (uint32_t e = 0; e < t->nepochs; e++) {
-            t->epochs[e].epoch = gift_ckpt_get_u32(&c);
-            t->epochs[e].valid_from = gift_ckpt_get_u64(&c);
-        }
-        epoch = gift_ckpt_get_u32(&c);
-        identity = gift_ckpt_get_u32(&c);
-        trace = gift_ckpt_get_f64(&c);
-        sigma2 = gift_ckpt_get_f64(&c);
-        delta = gift_ckpt_get_f64(&c);
-        U = gift_ckpt_get_blob(&c, &ul, ny * 4);
-        L = gift_ckpt_get_blob(&c, &ll, (size_t)t->ks * 4);
-        if (c.err || ul != ny * 4 || ll != (size_t)t->ks * 4)
-            goto short_body;
-        if ((rc = geo_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) < 0) {
-            snprintf(err, errlen, "tensor %u: the saved geometry of epoch %u is invalid (%s)",
-                     t->key, epoch, gift_strerror(rc));
-            return GIFT_EIO;
-        }
-        t->sk_active = gift_ckpt_get_u32(&c) != 0;
-        t->sk_step = gift_ckpt_get_u64(&c);
-        t->sk_count = gift_ckpt_get_u32(&c);
-        p = gift_ckpt_get_blob(&c, &n, s->words * 8);
-        if (c.err || n != s->words * 8)
-            goto short_body;
-        memcpy(t->sk_ranks, p, n);
-        t->sk_done = gift_ckpt_get_u32(&c) != 0;
-        t->sk_done_step = gift_ckpt_get_u64(&c);
-        p = gift_ckpt_get_blob(&c, &yl, ny * 4);
-        if (c.err || yl != ny * 4)
-            goto short_body;
-        memcpy(t->ysum, p, yl);
-        t->trace_sum = gift_ckpt_get_f64(&c);
-        p = gift_ckpt_get_blob(&c, &yl, ny * 4 * (size_t)s->world);
-        if (c.err)
-            goto short_body;
-        if (t->yr && yl == ny * 4 * (size_t)s->world)
-            memcpy(t->yr, p, yl);
-        else if (t->sk_active && t->sk_count > 0 && (t->yr != NULL) != (yl != 0)) {
-            snprintf(err, errlen,
-                     "tensor %u: a sketch round saved under aggregate = %s cannot continue "
-                     "under aggregate = %s",
-                     t->key, agg == GIFT_SHARD_ORDERED ? "ordered" : "eager",
-                     t->yr ? "ordered" : "eager");
-            return GIFT_ECONFIG;
-        }
-        p = gift_ckpt_get_blob(&c, &yl, 8 * (size_t)s->world);
-        if (c.err)
-            goto short_body;
-        if (t->tr && yl == 8 * (size_t)s->world)
-            memcpy(t->tr, p, yl);
-    }
-end:
-    if (gift_ckpt_get_u32(&c) != 0x454e4421u || c.err || c.off != c.len)
-        goto short_body;
-    return 0;
-short_body:
-    snprintf(err, errlen, "the checkpoint body is inconsistent at byte %zu of %zu", c.off,
-             c.len);
-    return GIFT_EIO;
-}
-
-typedef struct replay_ctx {
-    gift_shard_t *s;
-    char *err;
-    size_t errlen;
-    uint64_t records;
-} replay_ctx_t;
-
-static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *arg)
-{
-    replay_ctx_t *x = arg;
-    gift_shard_t *s = x->s;
-    gift_ckpt_cur_t c = {body, len, 0, 0};
-    x->records++;
-    if (type == GIFT_LOG_DECLARE) {
-        uint32_t world = gift_ckpt_get_u32(&c);
-        if (c.err || world == 0 || world > 65536 || (s->world != 0 && world != s->world)) {
-            snprintf(x->err, x->errlen, "the step log declares world size %u; this shard has %u",
-                     world, s->world);
-            return GIFT_EIO;
-        }
-        if (s->declared) {
-            if (len - 4 == s->decl_len && memcmp(body + 4, s->decl, len - 4) == 0)
-                return 0;
-            snprintf(x->err, x->errlen, "the step log declares a second, different tensor list");
-            return GIFT_EIO;
-        }
-        s->world = world;
-        s->words = (world + 63) / 64;
-        return restore_declare(s, body + 4, len - 4, x->err, x->errlen);
-    }
-    if (!s->declared) {
-        snprintf(x->err, x->errlen, "the step log has a record of type %u before any declaration",
-                 type);
-        return GIFT_EIO;
-    }
-    if (type == GIFT_LOG_STEP) {
-        uint32_t key = gift_ckpt_get_u32(&c), id = gift_ckpt_get_u32(&c);
-        uint64_t step = gift_ckpt_get_u64(&c);
-        uint32_t epoch = gift_ckpt_get_u32(&c), e = gift_ckpt_get_u32(&c);
-        uint32_t n = gift_ckpt_get_u32(&c);
-        chunk_t *ch = find_chunk(s, key, id);
-        size_t extra = ch != NULL && ch->pres != NULL ? 4 + ch->n * sizeof(float) : 0;
-        reply_t *r;
-        if (c.err || ch == NULL || (e == 0 && n != ch->pull_l.total) ||
-            c.len - c.off != n + extra) {
-            snprintf(x->err, x->errlen, "a step record of tensor %u chunk %u does not fit the "
-                                        "declaration", key, id);
-            return GIFT_EIO;
-        }
-        if (ch->started && step < ch->base)
-            return 0; /* already in the checkpoint */
-        if (ch->started && step != ch->base) {
-            snprintf(x->err, x->errlen, "tensor %u chunk %u: the step log jumps from step %" PRIu64
-                                        " to %" PRIu64, key, id, ch->base, step);
-            return GIFT_EIO;
-        }
-        r = &ch->reply[step & 1];
-        r->valid = 1;
-        r->durable = 1;
-        r->err = (int)e;
-        r->step = step;
-        r->epoch = epoch;
-        memcpy(r->buf->data, body + c.off, n);
-        r->buf->len = ch->pull_l.total;
-        if (ch->pres != NULL) {
-            c.off += n;
-            ch->pres_epoch = gift_ckpt_get_u32(&c);
-            memcpy(ch->pres, body + c.off, ch->n * sizeof(float));
-        }
-        ch->started = 1;
-        ch->base = step + 1;
-        return 0;
-    }
-    if (type == GIFT_LOG_SKETCH || type == GIFT_LOG_EPOCH) {
-        uint32_t key = gift_ckpt_get_u32(&c);
-        uint64_t step = gift_ckpt_get_u64(&c);
-        tensor_t *t = key < s->ntensors ? &s->tensors[key] : NULL;
-        size_t ny;
-        if (c.err || t == NULL || !t->owner || !t->geometry) {
-            snprintf(x->err, x->errlen, "a geometry record names tensor %u, which this shard "
-                                        "does not own", key);
-            return GIFT_EIO;
-        }
-        ny = (size_t)t->cols * t->ks;
-        if (type == GIFT_LOG_SKETCH) {
-            uint32_t rank = gift_ckpt_get_u32(&c);
-            uint32_t epoch = gift_ckpt_get_u32(&c);
-            double trace = gift_ckpt_get_f64(&c);
-            size_t yl;
-            const uint8_t *Y = gift_ckpt_get_blob(&c, &yl, ny * 4);
-            (void)epoch;
-            if (c.err || yl != ny * 4 || rank >= s->world) {
-                snprintf(x->err, x->errlen, "a sketch record of tensor %u is malformed", key);
-                return GIFT_EIO;
-            }
-            if ((t->sk_done && step <= t->sk_done_step) ||
-                (t->sk_active && (step < t->sk_step ||
-                                  (step == t->sk_step && bit_get(t->sk_ranks, rank)))))
-                return 0;
-            if (!t->sk_active || step != t->sk_step)
-                sketch_begin(s, t, step);
-            sketch_add(s, t, rank, trace, Y);
-            return 0;
-        } else {
-            uint32_t epoch = gift_ckpt_get_u32(&c);
-            uint64_t valid_from = gift_ckpt_get_u64(&c);
-            uint32_t identity = gift_ckpt_get_u32(&c);
-            double trace = gift_ckpt_get_f64(&c), sigma2 = gift_ckpt_get_f64(&c),
-                   delta = gift_ckpt_get_f64(&c);
-            const uint8_t *U = body + c.off, *L = U + ny * 4;
-            int rc;
-            if (c.err || c.len - c.off != ny * 4 + (size_t)t->ks * 4) {
-                snprintf(x->err, x->errlen, "an epoch record of tensor %u is malformed", key);
-                return GIFT_EIO;
-            }
-            if (epoch <= t->geo.epoch)
-                return 0;
-            if ((rc = geo_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) < 0) {
-                snprintf(x->err, x->errlen, "tensor %u: the logged epoch %u is invalid (%s)", key,
-                         epoch, gift_strerror(rc));
-                return GIFT_EIO;
-            }
-            /* publish_geometry re-copies U and lambda and appends the record. */
-            if ((rc = publish_geometry(s, t, valid_from)) < 0)
-                return rc;
-            t->sk_active = 0;
-            t->sk_done = 1;
-            t->sk_done_step = step;
-            return 0;
-        }
-    }
-    snprintf(x->err, x->errlen, "the step log has a record of unknown type %u", type);
-    return GIFT_EIO;
-}
-
-int gift_shard_restore(gift_shard_t *s, char *err, size_t errlen)
-{
-    uint8_t *body = NULL;
-    size_t len = 0;
-    replay_ctx_t x = {s, err, errlen, 0};
-    int rc, have, torn = 0;
-
-    err[0] = '\0';
-    if (!s->persist)
-        return 0;
-    if ((rc = gift_ckpt_mkdir(s->dir, err, errlen)) < 0)
-        return rc;
-    s->replaying = 1;
-    if ((have = gift_ckpt_read(s->dir, &body, &len, err, errlen)) < 0) {
-        rc = have;
-        goto fail;
-    }
-    if (have && (rc = snapshot_load(s, body, len, err, errlen)) < 0) {
-        size_t n = strlen(err);
-        /* Prefix the file's name: "DIR/checkpoint: why". */
-        if (n + strlen(s->dir) + 14 < errlen) {
-            size_t pre = strlen(s->dir) + 13;
-            memmove(err + pre, err, n + 1);
-            memcpy(err, s->dir, strlen(s->dir));
-            memcpy(err + strlen(s->dir), "/checkpoint: ", 13);
-        }
-        goto fail;
-    }
-    if ((rc = gift_log_replay(s->dir, s->gen, replay_record, &x, &torn, err, errlen)) < 0)
-        goto fail;
-    s->replaying = 0;
-    gift_log_remove_others(s->dir, s->gen);
-    if ((rc = gift_log_open(&s->log, s->dir, s->gen, 0, err, errlen)) < 0)
-        goto fail;
-    free(body);
-    /* A round whose last sketch was logged but whose epoch was not. */
-    for (size_t i = 0; i < s->ntensors; i++) {
-        tensor_t *t = &s->tensors[i];
-        if (t->owner && t->geometry && t->sk_active && t->sk_count == s->world)
-            sketch_complete(s, t);
-    }
-    ckpt_schedule(s);
-    if (!have && x.records == 0)
-        return 0;
-    s->c.restored_step = min_base(s);
-    GIFT_LOG_INFO(0,
-                  "restored from %s: checkpoint %s (generation %" PRIu64 "), %" PRIu64
-                  " log records%s; %zu tensors, %zu chunks, world %u, oldest unfinished step "
-                  "%" PRIu64,
-                  s->dir, have ? "found" : "absent", s->gen, x.records,
-                  torn ? " (an unfinished last record dropped)" : "", s->ntensors, s->nchunks,
-                  s->world, min_base(s));
-    return 1;
-fail:
-    s->replaying = 0;
-    free(body);
-    store_free(s);
-    return rc < 0 ? rc : GIFT_EIO;
 }

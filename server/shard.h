@@ -59,25 +59,11 @@
 #include <stdint.h>
 
 #include "gift_proto.h"
+#include "rbuf.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* A reference-counted byte buffer: reply payloads shared by every pull of a
- * step and by the writes that carry them. */
-typedef struct gift_rbuf {
-    uint32_t refs;
-    size_t len; /* bytes in use */
-    size_t cap;
-    uint8_t *data;
-} gift_rbuf_t;
-
-/* Allocates a buffer of cap bytes with one reference. NULL when out of memory. */
-gift_rbuf_t *gift_rbuf_new(size_t cap);
-void gift_rbuf_ref(gift_rbuf_t *b);
-/* Drops a reference; frees the buffer with the last one. NULL is allowed. */
-void gift_rbuf_unref(gift_rbuf_t *b);
 
 /* What the shard needs from the I/O layer. */
 typedef struct gift_shard_io {
@@ -214,8 +200,9 @@ void gift_shard_tick(gift_shard_t *s);
 
 /* Loads the shard's state from opts.data_dir when checkpoint_steps > 0: the
  * checkpoint if there is one, then the records of its step log; then opens
- * the log for appending. Call once, before any peer. Returns 1 when state was
- * restored, 0 when there was none (or persistence is off), or a negative code
+ * the log for appending and attaches the journal (persist.c; without a
+ * restore nothing is logged). Call once, before any peer. Returns 1 when
+ * state was restored, 0 when there was none (or persistence is off), or a negative code
  * with a sentence in err: a checkpoint or log that is corrupt, truncated, of
  * another shard or cluster, or unreadable is refused whole and the shard
  * must not serve (the caller exits). */

@@ -2,8 +2,8 @@
  * test_auth.c: shared-secret authentication at Hello (gift.proto,
  * proto/gift_auth.h) against real giftd processes.
  *
- * - Key files: what gift_auth_key_load accepts and refuses, and that giftd
- *   refuses to start with a key it cannot use.
+ * - Key files: giftd refuses to start with a key it cannot use (what
+ *   gift_auth_key_load itself accepts and refuses: tests/proto/test_auth.c).
  * - The handshake done by hand: the right key gets a HelloAck whose MAC
  *   proves the shard's key; no MAC, a wrong MAC, a MAC replayed from another
  *   connection, a missing client nonce, or any request before the handshake
@@ -47,58 +47,6 @@ static void start_auth_daemon(void)
 }
 
 /* ------------------------------------------------------------------ */
-
-START_TEST(test_key_file)
-{
-    gift_auth_key_t k;
-    char err[512], warn[512];
-    char big[5000];
-    const char *p;
-
-    p = key_file_write("ok", KEY, sizeof KEY - 1, 0600);
-    ck_assert_int_eq(gift_auth_key_load(p, &k, err, sizeof err, warn, sizeof warn), 0);
-    ck_assert_msg(k.len == sizeof KEY - 2 && memcmp(k.bytes, KEY, k.len) == 0,
-                  "key of %zu bytes (the trailing newline must go)", k.len);
-    ck_assert_msg(warn[0] == '\0', "unexpected warning: %s", warn);
-    unlink(p);
-
-    p = key_file_write("group", KEY, sizeof KEY - 1, 0640);
-    ck_assert_int_eq(gift_auth_key_load(p, &k, err, sizeof err, warn, sizeof warn), 0);
-    ck_assert_msg(strstr(warn, "group") != NULL, "no warning for a group-readable key: '%s'", warn);
-    unlink(p);
-
-    p = key_file_write("world", KEY, sizeof KEY - 1, 0644);
-    ck_assert_int_eq(gift_auth_key_load(p, &k, err, sizeof err, warn, sizeof warn), GIFT_ECONFIG);
-    ck_assert_msg(strstr(err, "every user") != NULL && strstr(err, p) != NULL, "err: %s", err);
-    ck_assert_msg(strstr(err, "horse") == NULL, "the error shows the key: %s", err);
-    unlink(p);
-
-    p = key_file_write("empty", "\n\n", 2, 0600);
-    ck_assert_int_eq(gift_auth_key_load(p, &k, err, sizeof err, warn, sizeof warn), GIFT_ECONFIG);
-    ck_assert_msg(strstr(err, "empty") != NULL, "err: %s", err);
-    unlink(p);
-
-    p = key_file_write("short", "abc\n", 4, 0600);
-    ck_assert_int_eq(gift_auth_key_load(p, &k, err, sizeof err, warn, sizeof warn), GIFT_ECONFIG);
-    ck_assert_msg(strstr(err, "at least 16") != NULL && strstr(err, "abc") == NULL, "err: %s", err);
-    unlink(p);
-
-    memset(big, 'k', sizeof big);
-    p = key_file_write("long", big, sizeof big, 0600);
-    ck_assert_int_eq(gift_auth_key_load(p, &k, err, sizeof err, warn, sizeof warn), GIFT_ECONFIG);
-    ck_assert_msg(strstr(err, "longer") != NULL, "err: %s", err);
-    unlink(p);
-
-    ck_assert_int_eq(
-        gift_auth_key_load("/nonexistent/giftd.key", &k, err, sizeof err, warn, sizeof warn),
-        GIFT_ECONFIG);
-    ck_assert_msg(strstr(err, "/nonexistent/giftd.key") != NULL && strstr(err, "No such") != NULL,
-                  "err: %s", err);
-    ck_assert_int_eq(gift_auth_key_load("/tmp", &k, err, sizeof err, warn, sizeof warn),
-                     GIFT_ECONFIG);
-    ck_assert_msg(strstr(err, "regular file") != NULL, "err: %s", err);
-}
-END_TEST
 
 START_TEST(test_giftd_refuses_bad_key_file)
 {
@@ -411,7 +359,6 @@ static Suite *suite(void)
     TCase *tc = tcase_create("auth");
     tcase_add_checked_fixture(tc, NULL, teardown);
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_key_file);
     tcase_add_test(tc, test_giftd_refuses_bad_key_file);
     tcase_add_test(tc, test_raw_handshake);
     tcase_add_test(tc, test_raw_rejections);

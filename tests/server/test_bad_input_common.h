@@ -34,6 +34,7 @@
 #include "gift_error.h"
 #include "gift_proto.h"
 #include "gift_test_daemon.h"
+#include "gift_test_keyfile.h"
 #include "gift_test_time.h"
 
 #define IO_TIMEOUT_MS 5000
@@ -287,26 +288,6 @@ static inline const Gift__Stats *raw_stats(raw_t *c)
     env.stats_request = &m;
     ck_assert_msg(raw_send(c, &env, NULL, 0) == 0, "send stats request");
     return raw_expect(c, GIFT__ENVELOPE__MSG_STATS, "stats")->env->stats;
-}
-
-/* Writes a key file with the given bytes and mode; returns its path (static). */
-static inline const char *key_file_write(const char *name, const void *bytes, size_t len,
-                                         mode_t mode)
-{
-    static char paths[8][512];
-    static int next;
-    const char *tmp = getenv("TMPDIR");
-    char *path = paths[next++ % 8];
-    int fd;
-    snprintf(path, 512, "%s/giftd-key-%d-%s", tmp != NULL && tmp[0] ? tmp : "/tmp", (int)getpid(),
-             name);
-    unlink(path);
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    ck_assert_msg(fd >= 0, "create %s: %s", path, strerror(errno));
-    ck_assert_msg(write(fd, bytes, len) == (ssize_t)len, "write %s", path);
-    close(fd);
-    ck_assert_msg(chmod(path, mode) == 0, "chmod %s", path);
-    return path;
 }
 
 #endif

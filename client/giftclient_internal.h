@@ -1,14 +1,30 @@
 /*
- * client_internal.h: libgiftclient's state, shared by its three files.
+ * giftclient_internal.h: libgiftclient's state, shared by its files.
  *
  *   client.c  the public API on the caller's side: options, the declared
  *             list (fusion, wire tensors, placement, buffers), operations
  *             and their hand-over to the I/O thread.
+ *   mailbox.c the hand-over itself: the command queue, command and
+ *             operation completion, the operation pool; wait, test, free.
  *   engine.c  everything the I/O thread does that is not a socket: the
  *             per-step push and pull state of every wire tensor, encode and
  *             decode, geometry epochs, frame handling, replay and timeouts.
+ *             It reaches the network only through the gift__io_t table.
  *   net.c     the only file that knows libuv: the thread, its loop,
- *             connections with backoff, one batched write per turn.
+ *             connections with backoff, one batched write per turn. It
+ *             fills gift__io_t and calls the engine's gift__eng_* entries.
+ *
+ *   frames.c  the frames the engine sends, through that table.
+ *   host.c    the host path of gift__path_t: encode, decode, transform on
+ *             the CPU backend; device.c is the device path.
+ *
+ * Calls run one way: client.c -> net.c, engine.c, mailbox.c; net.c ->
+ * engine.c, host.c; engine.c -> mailbox.c, frames.c; host.c and device.c
+ * -> engine.c (gift__eng_*). The engine reaches net.c only through
+ * gift__io_t and a tensor's host or device path only through gift__path_t,
+ * so it runs in tests without sockets (tests/client/test_engine.c). It
+ * still calls device.c's lifecycle (gift__dev_declare, _poll, _close,
+ * _free) by name.
  *   device.c  device tensors (GIFT_MEMORY_CUDA) on the GPU through gpu/'s
  *             gift_gpu.h: contexts, device buffers, and the queue of GPU
  *             jobs of each device. Built when CUDA is; device_stub.c (no
@@ -25,8 +41,8 @@
  * tensor is a wire tensor of its own (a 1-D tensor whose row would exceed a
  * chunk is reshaped into rows of a divisor of its length).
  */
-#ifndef GIFT_CLIENT_INTERNAL_H
-#define GIFT_CLIENT_INTERNAL_H
+#ifndef GIFT_GIFTCLIENT_INTERNAL_H
+#define GIFT_GIFTCLIENT_INTERNAL_H
 
 #include <pthread.h>
 #include <stddef.h>
@@ -176,6 +192,7 @@ typedef struct gift__geo {
 } gift__geo_t;
 
 typedef struct gift__dwire gift__dwire_t; /* device.c: a device wire's buffers */
+typedef struct gift__path gift__path_t;   /* how a wire's memory is encoded and decoded */
 typedef struct gift__gpu gift__gpu_t;     /* device.c: a client's devices */
 
 typedef struct gift__wire {
@@ -216,7 +233,48 @@ typedef struct gift__wire {
     /* Device tensors (GIFT_MEMORY_CUDA; never fused): */
     int memory, device;
     gift__dwire_t *dw; /* NULL for host wires; set on the I/O thread at declare */
+    const gift__path_t *path; /* host or device path; set on the I/O thread at declare */
 } gift__wire_t;
+
+/* The memory path of a wire: how its pushes are transformed and encoded and
+ * its pulls decoded and transformed back, for the kind of memory its
+ * buffers live in. The engine calls only these, never a device function of
+ * its own choosing: the host path (engine.c) runs the CPU backend
+ * (gift__backend_cpu(), codec/gift_kernels.h) on the I/O thread, the device
+ * path (device.c) queues the same work as jobs on the wire's GPU through
+ * gift__backend_cuda's entry points and reports back through the
+ * gift__eng_* calls below. Set for every wire at declaration (CMD_DECLARE),
+ * a device wire's by gift__dev_declare. */
+struct gift__path {
+    /* Starts ps's push of src (step and slot set) under G (NULL: Euclidean)
+     * and epoch: gift__eng_push_begin, then encodes and queues its chunks.
+     * Returns 0, or a code when it could not start (nothing was sent: the
+     * engine fails the push). */
+    int (*push)(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                const gift__geo_t *G, uint32_t epoch);
+    int turns; /* 1: gift__host_encode_more encodes its pushes, a few chunks a turn */
+    /* A pull starts or restarts on pl: forget what was staged. */
+    void (*pull_reset)(gift__wire_t *w, gift__lstate_t *pl);
+    /* Chunk ch's checked reply payload: decoded into pl->target now (host),
+     * or 0 and later (device). 0 or the decode's code. */
+    int (*decode)(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl, const gift__chunk_t *ch,
+                  const void *payload, size_t len);
+    /* Chunk ch is in (pl->got, ngot counted; payload NULL when refused):
+     * completes pl once its last chunk is decoded. */
+    void (*chunk_done)(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                       const gift__chunk_t *ch, const void *payload, size_t len);
+    /* Every chunk of pl decoded: T^-1 in place when it is not done already.
+     * 0 or a code (GIFT_EEPOCH: the epoch is not held). */
+    int (*finish)(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
+    /* dst = src, n floats of the wire's memory. 0 or a code. */
+    int (*copy)(gift__wire_t *w, float *dst, const float *src, size_t n);
+    /* The sketch of r's X against G's basis into w->Y and w->sk_trace.
+     * 1 when it must wait (the device is busy), else 0 or a code. */
+    int (*sketch)(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, const gift__geo_t *G);
+    /* An operation on w failed from outside its memory's work (a timeout, a
+     * shard's Error): returns once nothing reads its input or writes its out. */
+    void (*quiesce)(gift_client_t *c, gift__wire_t *w);
+};
 
 enum gift__conn_state {
     GIFT__CONN_DOWN = 0,
@@ -240,6 +298,36 @@ typedef struct gift__conn {
 } gift__conn_t;
 
 typedef struct gift__net gift__net_t;
+
+/* What the engine (and client.c) needs of the network, the way the shard
+ * uses gift_shard_io_t: net.c fills it at gift__net_start, a test fakes it.
+ * Every entry but wake and now_ns runs on the I/O thread. */
+typedef struct gift__io {
+    /* Any thread: commands are queued, run gift__eng_commands soon. */
+    void (*wake)(gift_client_t *c);
+    /* Starts connecting to every shard that has no connection. */
+    void (*connect)(gift_client_t *c);
+    /* Closes every handle: the loop ends once they are closed. */
+    void (*shutdown)(gift_client_t *c);
+    /* Closes shard's connection; gift__eng_conn_down follows when it was up,
+     * and a reconnect after the backoff. */
+    void (*drop)(gift_client_t *c, uint32_t shard);
+    /* The shard's handshake succeeded: its next reconnect waits the least. */
+    void (*backoff_reset)(gift_client_t *c, uint32_t shard);
+    /* Queues a frame for shard: env packed with payload_len = len, then len
+     * bytes of payload (not copied: it must stay unchanged until the write
+     * completes, tracked by *inflight, incremented now and decremented when
+     * the write is done or dropped; inflight may be NULL without payload).
+     * Written at the end of the loop turn, in priority order. Returns 0,
+     * GIFT_ECLOSED (no connection) or GIFT_ENOMEM. */
+    int (*queue)(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
+                 const void *payload, size_t len, int64_t prio, int *inflight);
+    /* Same with a head already packed (preamble + header, payload_len 0). */
+    int (*queue_raw)(gift_client_t *c, uint32_t shard, const uint8_t *head, size_t head_len,
+                     int64_t prio);
+    /* Any thread: a monotonic clock in nanoseconds. */
+    uint64_t (*now_ns)(void);
+} gift__io_t;
 
 struct gift_client {
     /* Configuration (immutable after open). */
@@ -273,6 +361,7 @@ struct gift_client {
     struct gift_op **all_ops;           /* mu: every op allocated, for close */
     size_t nall_ops, all_ops_cap;       /* mu */
     gift__net_t *net;
+    const gift__io_t *io; /* the network, as the engine sees it */
     gift_client_stats_t st; /* atomic counters */
     /* I/O thread. */
     gift__conn_t *conns;
@@ -288,16 +377,93 @@ struct gift_client {
     uint64_t backoff_reset_ns;
 };
 
+/* The host path (host.c), every wire's unless gift__dev_declare gives it a
+ * device's. */
+extern const gift__path_t gift__host_path;
+
+/* The geometry slot of w holding epoch e, or NULL. */
+static inline gift__geo_t *gift__geo_by_epoch(gift__wire_t *w, uint32_t e)
+{
+    for (int i = 0; i < GIFT__GEO_SLOTS; i++)
+        if (w->geo[i].used && w->geo[i].g.epoch == e)
+            return &w->geo[i];
+    return NULL;
+}
+
 /* Counters (any thread). */
 #define GIFT__STAT_ADD(c, field, v) __atomic_fetch_add(&(c)->st.field, (v), __ATOMIC_RELAXED)
 
-/* ---- client.c ---- */
-/* Marks a command done with rc and wakes its waiter (I/O thread). */
-void gift__cmd_done(gift_client_t *c, gift__cmd_t *cmd, int rc);
-/* Completes an operation: status, callback, wake-up (I/O thread). */
-void gift__op_complete(gift_client_t *c, struct gift_op *op);
+/* Chunk j of wire w. */
+static inline gift__chunk_t *gift__chunk_of(gift_client_t *c, const gift__wire_t *w, uint32_t j)
+{
+    return &c->chunks[w->chunk0 + j];
+}
+
+/* The shard that owns w's geometry (holds its chunk 0). */
+static inline uint32_t gift__owner_of(gift_client_t *c, const gift__wire_t *w)
+{
+    return gift__chunk_of(c, w, 0)->shard;
+}
+
+/* 1 when shard's connection has shaken hands (and declared, once declared). */
+static inline int gift__ready(const gift_client_t *c, uint32_t shard)
+{
+    return c->conns[shard].state == GIFT__CONN_READY;
+}
+
+/* ---- mailbox.c ---- */
+/* Caller: appends cmd to the queue (its done and rc cleared); the caller
+ * then wakes the I/O thread (c->io->wake). */
+void gift__cmd_put(gift_client_t *c, gift__cmd_t *cmd);
+/* Caller: waits until cmd is done; returns its rc. */
+int gift__cmd_wait(gift_client_t *c, gift__cmd_t *cmd);
 /* Takes every queued command, in order (I/O thread). */
 gift__cmd_t *gift__take_commands(gift_client_t *c);
+/* Marks a command done with rc and wakes its waiter (I/O thread). */
+void gift__cmd_done(gift_client_t *c, gift__cmd_t *cmd, int rc);
+/* Takes an operation from the pool (or allocates one, kept until
+ * gift__ops_free), zeroed and owned by c. NULL when out of memory. */
+struct gift_op *gift__op_alloc(gift_client_t *c);
+/* Completes an operation: status, callback, wake-up (I/O thread). */
+void gift__op_complete(gift_client_t *c, struct gift_op *op);
+/* Frees every operation ever allocated (close, no thread left). */
+void gift__ops_free(gift_client_t *c);
+
+/* ---- client.c (internal steps, for tests/client/test_engine.c) ---- */
+/* gift_client_open without the network: options, servers, rank, auth, the
+ * per-shard connection state. c->io is NULL until gift__net_start (or a
+ * test) sets it. 0 or a code; free with gift_client_close. */
+int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out);
+/* gift_declare without the hand-over: checks the list, builds the wire
+ * tensors, placement, buffers and each shard's packed Declare. 0 or a code
+ * (what was built goes at close). */
+int gift__declare_build(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n);
+
+/* ---- frames.c (I/O thread): what the engine sends, through c->io ---- */
+/* Queues the Push of chunk ch of ps (its payload; ps->inflight counts the
+ * write). 0 or the queue's code. */
+int gift__send_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, gift__chunk_t *ch);
+/* Queues every encoded chunk of ps not yet queued on its shard's connection
+ * (only_shard: that shard alone, or UINT32_MAX); replay counts them. */
+void gift__send_push_chunks(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
+                            uint32_t only_shard, int replay);
+/* Queues the Pull of every chunk of pl not yet queued; a chunk whose push of
+ * the same step is not queued yet waits for it. */
+void gift__send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
+/* The GeometryRequest of w, when one is wanted and not yet sent. */
+void gift__send_geo_request(gift_client_t *c, gift__wire_t *w);
+/* w's computed sketch (w->Y), when not yet sent. */
+void gift__send_sketch(gift_client_t *c, gift__wire_t *w);
+/* The first Hello of a connection, or the second (with the MAC) after an
+ * AuthChallenge; drops the connection when it cannot be queued. */
+void gift__send_hello(gift_client_t *c, uint32_t shard);
+/* The shard's packed Declare; the connection is DECLARING (or dropped). */
+void gift__send_declare(gift_client_t *c, uint32_t shard);
+
+/* ---- host.c (I/O thread) ---- */
+/* The end of a loop turn, before gift__eng_turn_end: encodes about 1 MiB of
+ * the host pushes still encoding, higher priority first. */
+void gift__host_encode_more(gift_client_t *c);
 
 /* ---- engine.c (I/O thread) ---- */
 void gift__eng_commands(gift_client_t *c);
@@ -308,7 +474,7 @@ void gift__eng_conn_failed(gift_client_t *c, uint32_t shard, int code);
 int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f);
 void gift__eng_tick(gift_client_t *c);
 void gift__eng_turn_end(gift_client_t *c);
-void gift__eng_encode_more(gift_client_t *c); /* loop turn end, before turn_end */
+
 /* Frees the per-wire buffers (any thread, once the I/O thread is gone). */
 void gift__eng_free_wires(gift_client_t *c);
 /* For device.c: chunk j of ps is encoded, its payload in ps->payload (queue
@@ -316,6 +482,11 @@ void gift__eng_free_wires(gift_client_t *c);
  * device is done with w's push (w->encoding cleared); every chunk of pl is
  * decoded and transformed back in pl->target, or pl failed with pl->err. */
 void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j);
+/* For a path's push: ps's step starts sending under epoch (nothing encoded,
+ * acked or sent yet; w->encoding = ps); encp is what the chunks are encoded
+ * from on the host (NULL on a device). */
+void gift__eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
+                          const float *encp);
 void gift__eng_push_fail(gift_client_t *c, gift__pstate_t *ps, int rc);
 void gift__eng_push_encoded(gift_client_t *c, gift__wire_t *w);
 void gift__eng_pull_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
@@ -329,32 +500,9 @@ int gift__eng_push_gone(gift__pstate_t *ps);
  * only). */
 int gift__dev_available(int device, const char *name);
 /* I/O thread, at declaration: a context per device used, every device
- * wire's device buffers and pinned staging (ps->payload). 0 or a code
- * (said on stderr). */
+ * wire's device buffers and pinned staging (ps->payload), and its path
+ * (w->path: the device path of gift__path_t). 0 or a code (said on stderr). */
 int gift__dev_declare(gift_client_t *c);
-/* Queues w's push of ps (step, epoch set; w->encoding = ps) from the
- * device gradient src; its chunks come back through the engine calls above. */
-void gift__dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src);
-/* A pull of w starts or restarts on pl (forget what was staged). */
-void gift__dev_pull_reset(gift__wire_t *w, gift__lstate_t *pl);
-/* Chunk ch's reply payload (len bytes, checked): staged in pinned memory
- * and decoded on the device into pl->target; pl->got/ngot are the
- * caller's. Call also after a failed reply (pl->err set), so the pull
- * completes once nothing of it is on the device. */
-void gift__dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
-                          const gift__chunk_t *ch, const void *payload, size_t len);
-/* The sketch of device X against G's basis into w->Y and w->sk_trace
- * (synchronous). Returns 1 when the device is busy (retry later), else 0
- * or a code. */
-int gift__dev_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r, const gift__geo_t *G);
-/* dst = src, n floats of device memory on w's device (synchronous). */
-int gift__dev_copy(gift__wire_t *w, float *dst, const float *src, size_t n);
-/* An operation on device wire w fails while its GPU work may still be in
- * flight (a timeout, a shard's Error frame): waits until the device no
- * longer reads the caller's gradient or writes its out, so the caller may
- * free them once the operation completes. A no-op when w's device runs
- * nothing of w. */
-void gift__dev_quiesce(gift_client_t *c, gift__wire_t *w);
 /* Takes the reports of finished GPU work (host functions woke the loop). */
 void gift__dev_poll(gift_client_t *c);
 /* I/O thread, closing: waits for the devices, frees every device resource. */
@@ -363,24 +511,9 @@ void gift__dev_close(gift_client_t *c);
 void gift__dev_free(gift_client_t *c);
 
 /* ---- net.c ---- */
-int gift__net_start(gift_client_t *c);        /* caller: loop, handles, thread */
-void gift__net_wake(gift_client_t *c);        /* caller: commands are queued */
-void gift__net_join(gift_client_t *c);        /* caller: after CMD_CLOSE completed */
-void gift__net_connect_all(gift_client_t *c); /* I/O thread */
-void gift__net_shutdown(gift_client_t *c);    /* I/O thread: close every handle */
-void gift__net_backoff_reset(gift_client_t *c, uint32_t shard);
-void gift__net_drop(gift_client_t *c, uint32_t shard); /* I/O thread: close, reconnect */
-/* Queues a frame for shard: env packed with payload_len = len, then len bytes
- * of payload (not copied: it must stay unchanged until the write completes,
- * tracked by *inflight, incremented now and decremented when the write is
- * done or dropped; inflight may be NULL without payload). Written at the end
- * of the loop turn, in priority order. Returns 0, GIFT_ECLOSED (no
- * connection) or GIFT_ENOMEM. */
-int gift__net_queue(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
-                    const void *payload, size_t len, int64_t prio, int *inflight);
-/* Same with a head already packed (preamble + header, payload_len 0). */
-int gift__net_queue_raw(gift_client_t *c, uint32_t shard, const uint8_t *head, size_t head_len,
-                        int64_t prio);
-uint64_t gift__now_ns(void);
+/* Caller: the loop, its handles and the I/O thread; sets c->io. */
+int gift__net_start(gift_client_t *c);
+/* Caller: after CMD_CLOSE completed, joins the thread and frees the loop. */
+void gift__net_join(gift_client_t *c);
 
 #endif

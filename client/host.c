@@ -1,0 +1,235 @@
+/*
+ * host.c: the host path of gift__path_t (giftclient_internal.h): a wire
+ * whose buffers are host memory is transformed, encoded, decoded and
+ * transformed back on the I/O thread through the CPU backend
+ * (gift__backend_cpu(), codec/gift_kernels.h), the sibling of the device
+ * path in device.c. A push is encoded a few chunks per loop turn
+ * (gift__host_encode_more, at the end of each turn) and each chunk is handed
+ * to the engine as soon as it is encoded, as a device reports its chunks.
+ * The engine reaches this file only through the table; this file reaches
+ * the engine only through its gift__eng_* entries.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gift_kernels.h"
+#include "giftclient_internal.h"
+
+/* A push encodes about this many input bytes per loop turn (at least one
+ * chunk): between turns the loop writes what was queued, so the shard
+ * decodes chunk j while this thread encodes chunk j + 1. */
+#define GIFT__ENCODE_TURN_BYTES (1u << 20)
+
+static void stop_encoding(gift_client_t *c, gift__wire_t *w)
+{
+    if (w->encoding == NULL)
+        return;
+    w->encoding = NULL;
+    c->nencoding--;
+    c->rescan = 1;
+}
+
+/* Encodes chunk ch of ps's push with error feedback: with v = p + e (p the
+ * push's input, e the chunk's residual), the bytes gift_encode gives for v,
+ * and e = v - decode(those bytes). One cache-resident pass over p and e
+ * (gift_encode_mean_ef with scale 1: v = (p * 1 + 0) + e, the value of
+ * p + e; only a zero's sign can differ, -0 + -0 giving +0, and the residual
+ * does not). v is written out only where that pass does not go (stochastic
+ * rounding, an fp8 block over 4096), into the push's scratch. After a failed
+ * encode the chunk's residual is unspecified (all zeros after a non-finite
+ * input on the one-pass path). Returns 0 or the encode's error. */
+static int encode_ef(gift__wire_t *w, gift__pstate_t *ps, const gift_codec_params_t *cp,
+                     const gift__chunk_t *ch, uint8_t *pay)
+{
+    float *e = w->ef.e + ch->off, *q;
+    const float *pc = ps->encp + ch->off;
+    int rc = GIFT_EFORMAT;
+
+    if (!cp->stochastic)
+        rc = gift_encode_mean_ef(cp, pc, ch->n, 1.0f, e, pay, ch->push_l.total);
+    if (rc != GIFT_EFORMAT)
+        return rc;
+    q = (w->nmembers > 1 ? ps->asmb : w->p) + ch->off;
+    if (q != pc)
+        memcpy(q, pc, ch->n * sizeof(float));
+    gift_vec_add(q, e, ch->n);
+    if ((rc = gift_encode(cp, q, ch->n, pay, ch->push_l.total)) < 0 ||
+        (rc = gift_decode(cp, pay, ch->push_l.total, ch->n, e)) < 0)
+        return rc;
+    gift_vec_sub(q, e, ch->n, e);
+    return 0;
+}
+
+/* Encodes the next chunks of w's push (at least one, then while under budget
+ * bytes of input), updates the residual of each, and queues each Push as
+ * soon as it is encoded, followed by the Pull of the same chunk when that
+ * pull waits. A chunk that fails to encode (NaN/Inf: GIFT_ENONFINITE) is
+ * never sent and fails the push; the chunks before it were already queued
+ * and the shard keeps them (a retry of the step is acknowledged as a
+ * duplicate for those). Returns the input bytes encoded. */
+static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
+{
+    gift__pstate_t *ps = w->encoding;
+    size_t done = 0;
+    int rc;
+
+    if (ps == NULL)
+        return 0;
+    if (gift__eng_push_gone(ps)) {
+        stop_encoding(c, w);
+        return 0;
+    }
+    while (ps->nenc < w->nchunks && (done == 0 || done < budget)) {
+        uint32_t j = ps->nenc;
+        gift__chunk_t *ch = gift__chunk_of(c, w, j);
+        gift_codec_params_t cp = w->push;
+        uint8_t *pay = ps->payload + ch->push_off;
+        const float *p = ps->encp;
+        cp.sr.seed = c->seed;
+        cp.sr.rank = (uint32_t)c->rank;
+        cp.sr.key = w->key;
+        cp.sr.chunk = ch->idx;
+        cp.sr.step = ps->step;
+        if (w->ef_on)
+            rc = encode_ef(w, ps, &cp, ch, pay);
+        else
+            rc = gift__backend_cpu()->encode(NULL, &cp, p + ch->off, ch->n, pay, ch->push_l.total);
+        if (rc < 0) {
+            stop_encoding(c, w);
+            gift__eng_push_fail(c, ps, rc);
+            return done;
+        }
+        ps->nenc = j + 1;
+        done += ch->n * sizeof(float);
+        gift__eng_push_chunk_ready(c, w, ps, j);
+    }
+    if (ps->nenc == w->nchunks)
+        stop_encoding(c, w);
+    return done;
+}
+
+/* The turn's encoding: about GIFT__ENCODE_TURN_BYTES, pushes of higher
+ * priority first (the order their frames would have been sorted in). */
+void gift__host_encode_more(gift_client_t *c)
+{
+    size_t done = 0;
+    while (c->nencoding > 0 && done < GIFT__ENCODE_TURN_BYTES) {
+        gift__wire_t *best = NULL;
+        for (size_t i = 0; i < c->nwires; i++)
+            if (c->wires[i].encoding != NULL && c->wires[i].path->turns &&
+                (best == NULL || c->wires[i].push_prio > best->push_prio))
+                best = &c->wires[i];
+        if (best == NULL) { /* cannot happen: nencoding counts these */
+            c->nencoding = 0;
+            break;
+        }
+        done += encode_chunks(c, best, GIFT__ENCODE_TURN_BYTES - done);
+    }
+}
+
+/* The host path's push (gift__path_t.push): transforms (geometry), rebases
+ * or resets the residual (error feedback), then encodes the chunks, a few per
+ * loop turn (encode_chunks), queueing each as soon as it is encoded. */
+static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                     const gift__geo_t *G, uint32_t epoch)
+{
+    const float *p = src;
+    int rc;
+
+    if (G != NULL && !G->g.identity) {
+        if ((rc = gift__backend_cpu()->transform(NULL, &G->g, 0, src, (int)w->rows, w->p,
+                                                 w->work)) < 0)
+            return rc;
+        p = w->p;
+    }
+    if (w->ef_on && w->ef.epoch != epoch) { /* the residual is added as each chunk encodes */
+        gift__geo_t *old = gift__geo_by_epoch(w, w->ef.epoch);
+        if (old == NULL || G == NULL || gift_ef_rebase(&w->ef, &old->g, &G->g, w->work) < 0)
+            gift_ef_reset(&w->ef, epoch);
+    }
+    gift__eng_push_begin(c, w, ps, epoch, p);
+    c->nencoding++;
+    encode_chunks(c, w, GIFT__ENCODE_TURN_BYTES);
+    return 0;
+}
+
+static void host_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
+{
+    (void)w;
+    (void)pl;
+}
+
+static int host_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                       const gift__chunk_t *ch, const void *payload, size_t len)
+{
+    (void)c;
+    return gift__backend_cpu()->decode(NULL, &w->pull, payload, len, ch->n, pl->target + ch->off);
+}
+
+static void host_chunk_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
+                            const gift__chunk_t *ch, const void *payload, size_t len)
+{
+    (void)ch;
+    (void)payload;
+    (void)len;
+    if (pl->ngot == w->nchunks)
+        gift__eng_pull_done(c, w, pl);
+}
+
+/* T^-1 of the pulled mean, in place, under the epoch it came in. */
+static int host_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
+{
+    gift__geo_t *G;
+    (void)c;
+    if (!w->geometry)
+        return 0;
+    if ((G = gift__geo_by_epoch(w, pl->epoch)) == NULL)
+        return GIFT_EEPOCH;
+    if (G->g.identity)
+        return 0;
+    return gift__backend_cpu()->transform(NULL, &G->g, 1, pl->target, (int)w->rows, pl->target,
+                                          w->work);
+}
+
+static int host_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
+{
+    (void)w;
+    memcpy(dst, src, n * sizeof(float));
+    return 0;
+}
+
+/* The sketch of X against G's basis into w->Y and w->sk_trace, its scratch
+ * grown once to the largest X seen. */
+static int host_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r,
+                       const gift__geo_t *G)
+{
+    size_t need = (size_t)r->n * w->ks;
+    (void)c;
+    if (need > w->skw_cap) {
+        float *nw = realloc(w->skw, need * sizeof(float));
+        if (nw == NULL)
+            return GIFT_ENOMEM;
+        w->skw = nw;
+        w->skw_cap = need;
+    }
+    return gift_sketch(r->in, (int)r->n, (int)w->cols, G->g.U, (int)w->ks, w->Y, &w->sk_trace,
+                       w->skw);
+}
+
+static void host_quiesce(gift_client_t *c, gift__wire_t *w)
+{
+    (void)c;
+    (void)w;
+}
+
+const gift__path_t gift__host_path = {
+    .push = host_push,
+    .turns = 1,
+    .pull_reset = host_pull_reset,
+    .decode = host_decode,
+    .chunk_done = host_chunk_done,
+    .finish = host_finish,
+    .copy = host_copy,
+    .sketch = host_sketch,
+    .quiesce = host_quiesce,
+};
