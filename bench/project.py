@@ -34,7 +34,7 @@ The model (every figure per training step):
   max(stage) + (sum(stages) - max(stage)) / buckets + one round trip.
 
   ring allreduce: 2 (W-1)/W x B sent and received per worker, both at once;
-  2 (W-1) one-way delays per bucket. fp16 hook: B halved. PowerSGD rank r:
+  2 (W-1) one-way delays per allreduce (buckets pipeline). fp16 hook: B halved. PowerSGD rank r:
   (rows + cols) x r f32 per 2-D matrix in two allreduces (torch's hook
   leaves a matrix uncompressed where that is not 2x smaller), 1-D tensors
   uncompressed.
@@ -216,7 +216,9 @@ def predict(a):
         else:
             die(f"unknown arm {arm!r}")
         sent = ring_allreduce_bytes(b, w)
-        hops = 2 * (w - 1) * nb * (2 if arm.startswith("ddp-powersgd") else 1)
+        # 2 (W-1) one-way hops per allreduce; the buckets' allreduces pipeline,
+        # so one step pays them once (PowerSGD: two allreduces, P then Q)
+        hops = 2 * (w - 1) * (2 if arm.startswith("ddp-powersgd") else 1)
         wire = sent / rate
         comm = wire + hops * d
         out.update(bytes_per_worker_tx=sent, wire_s=wire, latency_s=hops * d, cpu_s=0.0)
@@ -236,16 +238,29 @@ def predict(a):
         else:
             host_tx = max(push, w * pull / s)
             host_rx = max(pull, w * push / s)
-        tr = (ge * c["transform_k32"] * kmean / 32 * 1e-9) if (gift and a["transform_cpu"]) else 0.0
-        enc_w = n * c["encode"][fmt] * 1e-9 + tr
-        dec_w = n * c["decode"][fmt] * 1e-9 + tr
-        shard = (w * n * c["decode"][fmt] + n * c["encode"][fmt]) * 1e-9 / (s * a["shard_cores"])
+        core_wire = a.get("core_wire_Bps")
+        if a["transform_cpu"]:  # a CPU worker: codec and T on the I/O thread
+            tr = ge * c["transform_k32"] * kmean / 32 * 1e-9 if gift else 0.0
+            enc_w = n * c["encode"][fmt] * 1e-9 + tr
+            dec_w = n * c["decode"][fmt] * 1e-9 + tr
+            io = 1
+        else:  # a GPU worker: codec and T on the GPU, TCP on `io` I/O threads
+            enc_w = dec_w = 4.0 * n / a["gpu_codec_Bps"]
+            tcp_w = (push + pull) / core_wire
+            io = max(1, math.ceil(tcp_w / (max(push, pull) / rate)))
+            enc_w += push / core_wire / io
+            dec_w += pull / core_wire / io
+        out["worker_io_threads"] = io
+        shard_cpu = (w * n * c["decode"][fmt] + n * c["encode"][fmt]) * 1e-9
+        if core_wire:  # TCP in and out of the shards
+            shard_cpu += w * (push + pull) / core_wire
+        shard = shard_cpu / (s * a["shard_cores"])
         stages = [enc_w, host_tx / rate, shard, host_rx / rate, dec_w]
         comm = max(stages) + (sum(stages) - max(stages)) / nb + 2 * d
         out.update(bytes_per_worker_tx=push, bytes_per_worker_rx=pull,
                    host_bytes_max=max(host_tx, host_rx), wire_s=max(host_tx, host_rx) / rate,
                    cpu_worker_s=enc_w + dec_w, cpu_shard_s=shard, latency_s=2 * d,
-                   shard_cpu_total_s=(w * n * c["decode"][fmt] + n * c["encode"][fmt]) * 1e-9)
+                   shard_cpu_total_s=shard_cpu)
     hidden = a["overlap"] * min(comm, a["compute_s"])
     out["comm_s"] = comm
     out["step_s"] = a["compute_s"] + comm - hidden
@@ -439,8 +454,7 @@ def shards_needed(p, a):
     w = a["W"]
     hosts = math.ceil(w * a["rate_Bps"] / a["server_rate_Bps"])
     t_wire = max(p["bytes_per_worker_tx"], p["bytes_per_worker_rx"]) / a["rate_Bps"]
-    tcp = w * (p["bytes_per_worker_tx"] + p["bytes_per_worker_rx"]) / a["core_wire_Bps"]
-    cores = math.ceil((p["shard_cpu_total_s"] + tcp) / t_wire) if t_wire > 0 else 0
+    cores = math.ceil(p["shard_cpu_total_s"] / t_wire) if t_wire > 0 else 0
     return hosts, cores
 
 
@@ -461,7 +475,8 @@ def project(args, costs):
     base = {"tensors": tensors, "W": w, "rate_Bps": rate, "server_rate_Bps": srate,
             "core_wire_Bps": args.core_wire_gbps * 1e9 / 8, "delay_s": args.delay_ms * 1e-3,
             "compute_s": compute, "overlap": args.overlap, "costs": costs,
-            "refresh": args.refresh, "transform_cpu": False}
+            "refresh": args.refresh, "transform_cpu": False,
+            "gpu_codec_Bps": args.gpu_codec_gbps * 1e9}
     ratio = parse_ratios(args.steps_ratio)
     rows = []
     for arm in ["ddp-allreduce", "ddp-fp16"] + [f"ddp-powersgd-r{r}" for r in ranks]:
@@ -483,6 +498,7 @@ def project(args, costs):
             p = predict(a)
             rows.append({"arm": arm + ("-colo" if colo else ""), "hosts": w + (0 if colo else s),
                          "shard_hosts": s, "shard_cores_total": cores,
+                         "worker_io_threads": p["worker_io_threads"],
                          "cores_per_shard_host": per_host,
                          **{k: p[k] for k in ("step_s", "comm_s", "bytes_per_worker_tx")}})
     f32 = next(r for r in rows if r["arm"] == "f32")["step_s"]
@@ -502,15 +518,19 @@ def project(args, costs):
                  f"6 x params x {tok} tokens per GPU / {args.tflops:g} TFLOP/s effective") +
               f"); overlap {args.overlap}; steps to target {steps} for every arm"
               + (f" scaled by {args.steps_ratio}" if ratio else "") +
-              f"; GIFT transform on the GPU (not counted); TCP at {args.core_wire_gbps:g} "
+              f"; codec and GIFT transform on the GPU at {args.gpu_codec_gbps:g} GB/s of f32 "
+              f"(--gpu-codec-gbps); shard cores sized so the shards keep up with the worker "
+              f"links; TCP at {args.core_wire_gbps:g} "
               f"Gbit/s per shard core; codec costs {costs['source']}.")
     lines = [assume, "", "| arm | hosts | shard hosts | shard cores (per host) | MB sent per worker "
-             "| comm ms | step ms | x giftd f32 | time to target h | saved vs BF16 ring (ddp-fp16) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| worker I/O threads | comm ms | step ms | x giftd f32 | time to target h "
+             "| saved vs BF16 ring (ddp-fp16) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         sc = "–" if not r["shard_hosts"] else f"{r['shard_cores_total']} ({r['cores_per_shard_host']})"
         lines.append(f"| {r['arm']} | {r['hosts']} | {r['shard_hosts'] or '–'} | {sc} | "
-                     f"{r['bytes_per_worker_tx'] / 1e6:.1f} | {ms(r['comm_s'])} | {ms(r['step_s'])} | "
+                     f"{r['bytes_per_worker_tx'] / 1e6:.1f} | {r.get('worker_io_threads', '–')} | "
+                     f"{ms(r['comm_s'])} | {ms(r['step_s'])} | "
                      f"{r['x_giftd_f32']:.2f} | {r['time_to_target_h']:.2f} | "
                      f"{r['saved_vs_bf16_ring'] * 100:+.1f}% |")
     if args.project == "paper":
@@ -549,6 +569,8 @@ def main():
     ap.add_argument("--refresh", type=int, default=50, help="geometry refresh interval, steps")
     ap.add_argument("--core-wire-gbps", type=float, default=22.2,
                     help="TCP bytes one shard core moves, Gbit/s (default 22.2: 2.77 GB/s loopback)")
+    ap.add_argument("--gpu-codec-gbps", type=float, default=1000.0,
+                    help="--project: GPU encode/decode (+T) rate, GB/s of f32 (default 1000)")
     ap.add_argument("--powersgd-ranks", type=lambda s: [int(x) for x in s.split(",")],
                     help="--project: PowerSGD ranks (default 4 and the rank matching nvfp4-gift's bytes)")
     ap.add_argument("--steps", type=int, default=10000, help="f32 arm's steps to target")
@@ -560,7 +582,8 @@ def main():
         v = getattr(args, k)
         if v is not None and v < 1:
             die(f"--{k.replace('_', '-')} must be >= 1")
-    for k in ("link_gbps", "server_link_gbps", "compute_ms", "tflops", "core_wire_gbps"):
+    for k in ("link_gbps", "server_link_gbps", "compute_ms", "tflops", "core_wire_gbps",
+              "gpu_codec_gbps"):
         v = getattr(args, k)
         if v is not None and v <= 0:
             die(f"--{k.replace('_', '-')} must be > 0")
