@@ -402,6 +402,9 @@ def validate(args, costs):
                      if q.get("compute_s") is not None and q.get("step_median_s")]
             pp = {"step_s": statistics.median(x for x, _ in pairs)} if pairs else None
             meas = m["step_median_s"]
+            # time to target from the measured steps to target of the seeds that got there
+            stt = [q["steps_to_target"] for q in ps if q.get("steps_to_target")]
+            ttt_pred = statistics.median(stt) * pc["step_s"] if stt else None
             rows.append({"link": link, "arm": arm, "rate_mbit": m.get("rate_mbit"),
                          "seeds": len(m.get("seeds") or []), "measured_step_s": meas,
                          "paired_compute_s": m.get("compute_s"),
@@ -410,7 +413,10 @@ def validate(args, costs):
                          "ratio_paired": (statistics.median(x / y for x, y in pairs)
                                           if pp else None),
                          "ratio_paired_per_seed": [round(x / y, 3) for x, y in pairs],
-                         "predicted_comm_s": pc["comm_s"], "delay_ms_used": delay * 1e3})
+                         "predicted_comm_s": pc["comm_s"], "delay_ms_used": delay * 1e3,
+                         "steps_to_target_measured": statistics.median(stt) if stt else None,
+                         "time_to_target_measured_s": m.get("time_to_target_s"),
+                         "time_to_target_predicted_s": ttt_pred})
     def within(key):
         v = [r[key] for r in rows if r[key] is not None]
         return sum(1 for x in v if abs(x - 1) <= 0.15), len(v)
@@ -422,15 +428,23 @@ def validate(args, costs):
              f"W = {calib.get('workers')}, overlap {args.overlap}.",
              "",
              "| link | arm | Mbit/s | seeds | measured ms | predicted ms (calib. compute) | ratio "
-             "| paired compute ms | predicted ms (paired) | ratio |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| paired compute ms | predicted ms (paired) | ratio | steps to target "
+             "| time to target s measured / predicted |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         rp = "–" if r["ratio_paired"] is None else f"{r['ratio_paired']:.2f}"
         lines.append(f"| {r['link']} | {r['arm']} | {r['rate_mbit']} | {r['seeds']} | "
                      f"{ms(r['measured_step_s'])} | {ms(r['predicted_step_s'])} | {r['ratio']:.2f} | "
-                     f"{ms(r['paired_compute_s'])} | {ms(r['predicted_paired_step_s'])} | {rp} |")
+                     f"{ms(r['paired_compute_s'])} | {ms(r['predicted_paired_step_s'])} | {rp} | "
+                     f"{r['steps_to_target_measured'] or '–'} | "
+                     + (f"{r['time_to_target_measured_s']:.1f}" if r["time_to_target_measured_s"] else "–")
+                     + " / " + (f"{r['time_to_target_predicted_s']:.1f}" if r["time_to_target_predicted_s"] else "–")
+                     + " |")
     lines += ["", f"within 15%: {w1}/{n1} arms with the calibration's compute step, "
-              f"{w2}/{n2} with the seed-paired compute-only step."]
+              f"{w2}/{n2} with the seed-paired compute-only step (each seed's prediction from the "
+              f"compute-only step of the same seed, median of the per-seed ratios). Time to "
+              f"target predicted = the median measured steps to target x the predicted step "
+              f"(calibration compute)."]
     obj = {"validate": root, "source": src, "calibration": calib, "costs": costs,
            "overlap": args.overlap, "rows": rows, "within_15pct": [w1, n1],
            "within_15pct_paired": [w2, n2]}
@@ -503,12 +517,16 @@ def project(args, costs):
                          **{k: p[k] for k in ("step_s", "comm_s", "bytes_per_worker_tx")}})
     f32 = next(r for r in rows if r["arm"] == "f32")["step_s"]
     bl = next(r for r in rows if r["arm"] == "ddp-fp16")["step_s"]
+    gb = {r["arm"]: r["step_s"] for r in rows if r["arm"] in ("bf16", "bf16-colo")}
     steps = args.steps
     for r in rows:
         k = ratio.get(r["arm"], ratio.get(r["arm"].replace("-colo", ""), 1.0))
         r["steps_to_target"] = steps * k
         r["time_to_target_h"] = steps * k * r["step_s"] / 3600
         r["saved_vs_bf16_ring"] = 1 - (steps * k * r["step_s"]) / (steps * bl)
+        same = "bf16-colo" if r["arm"].endswith("-colo") else "bf16"
+        r["saved_vs_giftd_bf16"] = (1 - (steps * k * r["step_s"]) / (steps * gb[same])
+                                    if not r["arm"].startswith("ddp-") else None)
         r["x_giftd_f32"] = r["step_s"] / f32
     assume = (f"{args.project}: Llama {shape} (dim, layers, ffn, vocab) = {n / 1e9:.2f}e9 "
               f"parameters; W = {w} GPUs; {gbps:g} Gbit/s per host, shard hosts "
@@ -524,15 +542,17 @@ def project(args, costs):
               f"Gbit/s per shard core; codec costs {costs['source']}.")
     lines = [assume, "", "| arm | hosts | shard hosts | shard cores (per host) | MB sent per worker "
              "| worker I/O threads | comm ms | step ms | x giftd f32 | time to target h "
-             "| saved vs BF16 ring (ddp-fp16) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| saved vs BF16 ring (ddp-fp16) | saved vs giftd bf16 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         sc = "–" if not r["shard_hosts"] else f"{r['shard_cores_total']} ({r['cores_per_shard_host']})"
         lines.append(f"| {r['arm']} | {r['hosts']} | {r['shard_hosts'] or '–'} | {sc} | "
                      f"{r['bytes_per_worker_tx'] / 1e6:.1f} | {r.get('worker_io_threads', '–')} | "
                      f"{ms(r['comm_s'])} | {ms(r['step_s'])} | "
                      f"{r['x_giftd_f32']:.2f} | {r['time_to_target_h']:.2f} | "
-                     f"{r['saved_vs_bf16_ring'] * 100:+.1f}% |")
+                     f"{r['saved_vs_bf16_ring'] * 100:+.1f}% | "
+                     + ("–" if r["saved_vs_giftd_bf16"] is None else f"{r['saved_vs_giftd_bf16'] * 100:+.1f}%")
+                     + " |")
     if args.project == "paper":
         lines += ["", "Beside it: " + PAPER]
     obj = {"project": args.project, "assumptions": assume, "params": n, "shape": shape,
