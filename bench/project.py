@@ -428,7 +428,7 @@ def validate(args, costs):
              f"W = {calib.get('workers')}, overlap {args.overlap}.",
              "",
              "| link | arm | Mbit/s | seeds | measured ms | predicted ms (calib. compute) | ratio "
-             "| paired compute ms | predicted ms (paired) | ratio | steps to target "
+             "| paired compute ms (seed mean) | predicted ms (paired) | ratio | steps to target "
              "| time to target s measured / predicted |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
