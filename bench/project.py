@@ -381,7 +381,6 @@ def validate(args, costs):
                         r = r or p.get("powersgd_rank")
                 if r is None:
                     r = 1
-                pbase = base
             delay = calib.get("delay_ms", 0.25) * 1e-3
             ps = m.get("per_seed") or []
             if ps and all(p.get("delay_ms_applied") == 0 for p in ps):
@@ -570,7 +569,8 @@ def main():
     ap.add_argument("--project", choices=sorted(PROJECTS), help="a projection preset")
     ap.add_argument("--codec-json", metavar="FILE", help="gift-bench codec --json output")
     ap.add_argument("--costs", metavar="FILE", help="JSON overrides of per-element costs")
-    ap.add_argument("--model", choices=sorted(PRESETS), default="netcluster")
+    ap.add_argument("--model", choices=sorted(PRESETS), default="netcluster",
+                    help="Llama shape preset (default netcluster; --project uses its own)")
     ap.add_argument("--dim", type=int)
     ap.add_argument("--layers", type=int)
     ap.add_argument("--ffn", type=int)
