@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# project_check.sh PROJECT_PY: bench/project.py on small synthetic inputs.
+#
+#  1. one setting (W = 4, a tiny Llama): the ring allreduce sends
+#     2 (W-1)/W x 4 bytes x params per worker, the fp16 hook half of it,
+#     giftd f32 4 bytes x params and fp8 8.25/32 of it (no GIFT tensors);
+#  2. every arm's step time is non-increasing in the link rate (1, 10,
+#     100 Gbit/s), and at least the compute step;
+#  3. --validate on a synthetic bench/netcluster folder: one row per arm but
+#     `none`, ratio = predicted / measured, the paired prediction uses the
+#     seed's compute step;
+#  4. --project paper: giftd needs W shard hosts at equal link rates;
+#  5. bad flags and inputs exit 2 with a message.
+# Exit 77 (skipped) without /usr/bin/python3.
+set -euo pipefail
+
+proj=${1:?usage: project_check.sh PROJECT_PY}
+py=/usr/bin/python3
+[[ -x $py ]] || { echo "project_check: $py not found; skipping" >&2; exit 77; }
+work=$(mktemp -d "${TMPDIR:-/tmp}/project-check-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+cat >"$work/costs.json" <<'EOF'
+{"encode_ns_per_elem": {"f32": 0.3, "bf16": 0.3, "fp8": 0.4, "nvfp4": 0.7},
+ "decode_ns_per_elem": {"f32": 0.4, "bf16": 0.5, "fp8": 0.3, "nvfp4": 0.3},
+ "transform_ns_per_elem_k32": 3.0}
+EOF
+small=(--costs "$work/costs.json" --dim 64 --layers 1 --ffn 128 --vocab 64 --workers 4
+       --servers 2 --compute-ms 10 --delay-ms 0.1)
+for g in 1 10 100; do
+    "$py" "$proj" "${small[@]}" --link-gbps "$g" --json "$work/g$g.json" >/dev/null
+done
+
+# synthetic netcluster output: calibration, report.json with two arms and `none`
+mkdir -p "$work/nc/report"
+cat >"$work/nc/calibration.json" <<'EOF'
+{"compute_step_s": 0.07, "params": 467584, "workers": 2, "delay_ms": 0.25, "date": "x",
+ "nproc": 2, "cpu": "test", "starved": {"rate_mbit": 83}}
+EOF
+cat >"$work/nc/report/report.json" <<'EOF'
+{"calibration": {}, "links": {"starved": {"arms": {
+ "ddp-allreduce": {"seeds": [1], "rate_mbit": 83, "workers": 2, "servers": 0,
+   "colocated": false, "step_median_s": 0.25, "compute_s": 0.08,
+   "per_seed": [{"seed": 1, "step_median_s": 0.25, "compute_s": 0.08, "delay_ms_applied": 0}]},
+ "nvfp4-gift-colo": {"seeds": [1], "rate_mbit": 83, "workers": 2, "servers": 2,
+   "colocated": true, "step_median_s": 0.09, "compute_s": 0.05,
+   "per_seed": [{"seed": 1, "step_median_s": 0.09, "compute_s": 0.05, "delay_ms_applied": 0}]},
+ "none": {"seeds": [1], "rate_mbit": 83, "step_median_s": 0.07, "per_seed": []}}}}}
+EOF
+"$py" "$proj" --costs "$work/costs.json" --validate "$work/nc" --json "$work/val.json" \
+    --md "$work/val.md" >/dev/null
+"$py" "$proj" --costs "$work/costs.json" --project paper --json "$work/paper.json" >/dev/null
+
+"$py" - "$work" <<'EOF'
+import json, sys
+w = sys.argv[1]
+bad = []
+def check(cond, msg):
+    if not cond:
+        bad.append(msg)
+g = {r: json.load(open(f"{w}/g{r}.json")) for r in (1, 10, 100)}
+n = g[1]["params"]
+want_n = 64 * 64 * 2 + 2 * 64 + 3 * 64 * 64 + 64 * 64 + 2 * 128 * 64 + 64 * 128 + 64
+check(n == want_n, f"params {n}, want {want_n}")
+rows = {r["arm"]: r for r in g[1]["rows"]}
+W = 4
+def near(a, b):
+    return abs(a - b) <= 1e-6 * max(abs(b), 1)
+check(near(rows["ddp-allreduce"]["bytes_per_worker_tx"], 2 * (W - 1) / W * 4 * n),
+      f"ring allreduce bytes {rows['ddp-allreduce']['bytes_per_worker_tx']}, "
+      f"want 2(W-1)/W x 4 x {n} = {2 * (W - 1) / W * 4 * n}")
+check(near(rows["ddp-fp16"]["bytes_per_worker_tx"], (W - 1) / W * 4 * n),
+      f"fp16 hook bytes {rows['ddp-fp16']['bytes_per_worker_tx']}, want {(W - 1) / W * 4 * n}")
+check(near(rows["f32"]["bytes_per_worker_tx"], 4 * n),
+      f"giftd f32 bytes {rows['f32']['bytes_per_worker_tx']}, want {4 * n}")
+check(near(rows["fp8"]["bytes_per_worker_tx"], 8.25 / 8 * n),
+      f"giftd fp8 bytes {rows['fp8']['bytes_per_worker_tx']}, want {8.25 / 8 * n}")
+check(rows["nvfp4-gift"]["bytes_per_worker_tx"] > rows["nvfp4"]["bytes_per_worker_tx"],
+      "nvfp4-gift sends no geometry bytes beyond nvfp4's")
+for arm in rows:
+    s = [{r["arm"]: r for r in g[x]["rows"]}[arm]["step_s"] for x in (1, 10, 100)]
+    check(s[0] >= s[1] >= s[2] >= 0.010, f"{arm}: step at 1/10/100 Gbit/s {s}, not "
+          "non-increasing or below the 10 ms compute")
+v = json.load(open(f"{w}/val.json"))
+arms = sorted(r["arm"] for r in v["rows"])
+check(arms == ["ddp-allreduce", "nvfp4-gift-colo"], f"validate rows {arms}")
+for r in v["rows"]:
+    check(near(r["ratio"], r["predicted_step_s"] / r["measured_step_s"]),
+          f"{r['arm']}: ratio {r['ratio']} != {r['predicted_step_s']} / {r['measured_step_s']}")
+    check(r["predicted_paired_step_s"] is not None and r["predicted_paired_step_s"] >= r["paired_compute_s"],
+          f"{r['arm']}: paired prediction {r['predicted_paired_step_s']} below its compute {r['paired_compute_s']}")
+    check(r["delay_ms_used"] == 0, f"{r['arm']}: delay {r['delay_ms_used']} though netem was not applied")
+ar = next(r for r in v["rows"] if r["arm"] == "ddp-allreduce")
+# 83 Mbit/s, W = 2: 4 x 467584 bytes each way, no delay, + 80 ms compute
+want = 0.08 + 4 * 467584 / (83e6 / 8)
+check(abs(ar["predicted_paired_step_s"] - want) < 1e-6,
+      f"ddp-allreduce paired prediction {ar['predicted_paired_step_s']}, want {want}")
+p = json.load(open(f"{w}/paper.json"))
+check(p["W"] == 64 and abs(p["params"] - 0.6e9) < 0.05e9, f"paper: W {p['W']}, params {p['params']}")
+for r in p["rows"]:
+    if r["arm"] in ("f32", "fp8-gift"):
+        check(r["shard_hosts"] == 64, f"paper {r['arm']}: {r['shard_hosts']} shard hosts, want 64")
+if bad:
+    print("project_check: FAIL:\n  " + "\n  ".join(bad), file=sys.stderr)
+    sys.exit(1)
+EOF
+
+# bad flags and inputs: exit 2 and a message naming the problem
+expect2() { # pattern args...
+    local pat=$1; shift
+    local rc=0
+    "$py" "$proj" "$@" >"$work/out.txt" 2>&1 || rc=$?
+    [[ $rc == 2 ]] || { echo "project_check: FAIL: $* exited $rc, want 2" >&2; cat "$work/out.txt" >&2; exit 1; }
+    grep -q -- "$pat" "$work/out.txt" ||
+        { echo "project_check: FAIL: $*: no '$pat' in:" >&2; cat "$work/out.txt" >&2; exit 1; }
+}
+expect2 "overlap" --link-gbps 1 --compute-ms 10 --overlap 2
+expect2 "workers" --link-gbps 1 --compute-ms 10 --workers 0
+expect2 "link-gbps" --compute-ms 10
+expect2 "unrecognized" --no-such-flag
+expect2 "not a bench/netcluster" --validate "$work/nowhere"
+expect2 "steps-ratio" --link-gbps 1 --compute-ms 10 --steps-ratio fp8
+expect2 "codec-json" --codec-json "$work/costs.json" --link-gbps 1 --compute-ms 10
+echo "project_check: OK"
