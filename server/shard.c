@@ -11,13 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "admit.h"
 #include "aggregate.h"
 #include "gift_auth.h"
 #include "gift_codec.h"
 #include "log.h"
 #include "owner.h"
+#include "peers.h"
 #include "send.h"
 #include "shard_internal.h"
 #include "stats.h"
@@ -30,18 +31,6 @@ const double gift_lat_bounds[GIFT_LAT_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.
 /* ------------------------------------------------------------------ */
 /* Helpers                                                               */
 /* ------------------------------------------------------------------ */
-
-/* Saturating arithmetic for sizes computed from wire fields: a sum or
- * product that would wrap is UINT64_MAX, which no budget admits. */
-static uint64_t add_sat(uint64_t a, uint64_t b)
-{
-    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
-
-static uint64_t mul_sat(uint64_t a, uint64_t b)
-{
-    return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
-}
 
 static int format_from_wire(Gift__Format f)
 {
@@ -204,153 +193,6 @@ void gift_shard_free(gift_shard_t *s)
 }
 
 /* ------------------------------------------------------------------ */
-/* Peers and parked pulls                                                */
-/* ------------------------------------------------------------------ */
-
-gift_peer_t *gift_shard_peer_open(gift_shard_t *s, void *ctx, uint64_t conn_id)
-{
-    gift_peer_t *p = calloc(1, sizeof *p);
-    if (p == NULL)
-        return NULL;
-    p->ctx = ctx;
-    p->id = conn_id;
-    s->c.peers++;
-    return p;
-}
-
-static void parked_unlink(gift_shard_t *s, parked_t *q)
-{
-    if (q->cprev)
-        q->cprev->cnext = q->cnext;
-    else
-        q->ch->parked = q->cnext;
-    if (q->cnext)
-        q->cnext->cprev = q->cprev;
-    if (q->pprev)
-        q->pprev->pnext = q->pnext;
-    else
-        q->peer->parked = q->pnext;
-    if (q->pnext)
-        q->pnext->pprev = q->pprev;
-    q->peer->nparked--;
-    memset(q, 0, sizeof *q);
-    q->pnext = s->free_parked;
-    s->free_parked = q;
-}
-
-void gift_shard_peer_close(gift_shard_t *s, gift_peer_t *p)
-{
-    if (p == NULL)
-        return;
-    while (p->parked)
-        parked_unlink(s, p->parked);
-    if (p->claimed && p->rank < s->by_rank_len && s->by_rank[p->rank] == p)
-        s->by_rank[p->rank] = NULL;
-    s->c.peers--;
-    free(p);
-}
-
-/* The parked pulls one connection may hold: max_parked_per_peer, or by
- * default what one worker can need (steps base and base + 1 of every chunk
- * here) and some room for repeats. Never more than the pool. */
-static uint32_t peer_park_cap(const gift_shard_t *s)
-{
-    uint64_t cap = s->o.max_parked_per_peer ? s->o.max_parked_per_peer
-                                            : add_sat(mul_sat(s->nchunks, 2), 64);
-    return cap < s->o.max_parked ? (uint32_t)cap : s->o.max_parked;
-}
-
-/* Answers a pull that park refused: the connection's share or the pool. */
-static void park_refused(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
-{
-    if (p->nparked >= peer_park_cap(s))
-        send_error(s, p, GIFT_EBUSY, 0, m->key, m->chunk, m->step, m->seq,
-                   "too many pulls waiting from this connection (%u; max_parked_per_peer %u)",
-                   p->nparked, peer_park_cap(s));
-    else
-        send_error(s, p, GIFT_EBUSY, 0, m->key, m->chunk, m->step, m->seq,
-                   "too many pulls waiting on this shard (max_parked %u)", s->o.max_parked);
-}
-
-/* p acts as its rank (any message but Hello and StatsRequest): its Hello's
- * world size must be the cluster's (a Hello before the world was known
- * could claim any), and it becomes the rank's one live connection. A
- * second connection for a connected rank is refused; with authentication
- * on, its handshake proved the rank's own key (gift_auth.h), so it is the
- * worker reconnecting and replaces the old connection, which is closed.
- * Returns 0, or a negative code after a fatal Error to p. */
-static int claim_rank(gift_shard_t *s, gift_peer_t *p)
-{
-    gift_peer_t *q;
-    if (p->claimed)
-        return 0;
-    if (s->world != 0 && p->world != s->world) {
-        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0,
-                   "world size %u, the cluster has %u (from %s)", p->world, s->world,
-                   s->o.world_size ? "world_size" : "the first Declare");
-        return GIFT_EWORLD;
-    }
-    if (p->rank >= s->by_rank_len) {
-        uint32_t n = p->rank + 1 > 2 * s->by_rank_len ? p->rank + 1 : 2 * s->by_rank_len;
-        gift_peer_t **nb = realloc(s->by_rank, (size_t)n * sizeof *nb);
-        if (nb == NULL) {
-            send_error(s, p, GIFT_ENOMEM, 1, 0, 0, 0, 0, "out of memory for the rank table");
-            return GIFT_ENOMEM;
-        }
-        memset(nb + s->by_rank_len, 0, (size_t)(n - s->by_rank_len) * sizeof *nb);
-        s->by_rank = nb;
-        s->by_rank_len = n;
-    }
-    q = s->by_rank[p->rank];
-    if (q != NULL && q != p) {
-        if (s->o.auth == NULL) {
-            send_error(s, p, GIFT_EBUSY, 1, 0, 0, 0, 0,
-                       "rank %u is already connected (connection %" PRIu64 "); one live "
-                       "connection per rank: it must close first (or set auth_key_file, so that "
-                       "a reconnect proves its rank and replaces it)",
-                       p->rank, q->id);
-            return GIFT_EBUSY;
-        }
-        GIFT_LOG_WARN(p->id, "rank %u reconnected and proved its key: closing its old "
-                      "connection %" PRIu64, p->rank, q->id);
-        while (q->parked)
-            parked_unlink(s, q->parked);
-        q->claimed = 0;
-        send_error(s, q, GIFT_ECLOSED, 1, 0, 0, 0, 0,
-                   "replaced by connection %" PRIu64 ", which proved the key of rank %u", p->id,
-                   p->rank);
-    }
-    s->by_rank[p->rank] = p;
-    p->claimed = 1;
-    return 0;
-}
-
-static int park(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, uint64_t step, uint64_t seq,
-                uint32_t have_epoch)
-{
-    parked_t *q = s->free_parked;
-    if (q == NULL || p->nparked >= peer_park_cap(s))
-        return GIFT_EBUSY;
-    s->free_parked = q->pnext;
-    p->nparked++;
-    memset(q, 0, sizeof *q);
-    q->peer = p;
-    q->ch = ch;
-    q->step = step;
-    q->seq = seq;
-    q->have_epoch = have_epoch;
-    q->cnext = ch->parked;
-    if (ch->parked)
-        ch->parked->cprev = q;
-    ch->parked = q;
-    q->pnext = p->parked;
-    if (p->parked)
-        p->parked->pprev = q;
-    p->parked = q;
-    return 0;
-}
-
-/* ------------------------------------------------------------------ */
 /* Declaration                                                           */
 /* ------------------------------------------------------------------ */
 
@@ -375,121 +217,6 @@ static int publish_geometry(gift_shard_t *s, tensor_t *t, uint64_t valid_from)
     return gift__owner_publish(t, valid_from);
 }
 
-uint64_t gift_shard_memory_default(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || size <= 0)
-        return 1ull << 40;
-    return mul_sat((uint64_t)pages, (uint64_t)size) / 4 * 3;
-}
-
-uint64_t gift_shard_memory_committed(const gift_shard_t *s)
-{
-    return s->declared ? s->mem : 0;
-}
-
-/* What the geometry owner of t allocates: the basis and its LAPACK
- * workspace (codec/geometry.c), the sketch sums, with ordered aggregation
- * every rank's sketch, and two published copies of U and lambda. */
-static uint64_t geometry_need(const gift_shard_t *s, const tensor_t *t)
-{
-    uint64_t dks = mul_sat(t->cols, t->ks), kk = mul_sat(t->ks, t->ks), n;
-    n = mul_sat(dks, 4 + 16 + 4 + 8);          /* U, Q and B (double), ysum, 2 geo_buf */
-    n = add_sat(n, mul_sat(kk, 16 + 16));       /* M, R, the eigenproblem */
-    n = add_sat(n, mul_sat(t->ks, 64));         /* lambda, d, tau, ... */
-    n = add_sat(n, mul_sat(t->cols, 64 * 8));   /* QR workspace (din x block) */
-    n = add_sat(n, mul_sat(s->words, 8));       /* sk_ranks */
-    if (s->o.aggregate == GIFT_SHARD_ORDERED)
-        n = add_sat(n, mul_sat(s->world, add_sat(mul_sat(dks, 4), 8))); /* yr, tr */
-    return n;
-}
-
-/* The bytes store_build will allocate for the checked declaration d: per
- * chunk its two accumulators, rank bitmaps and reply buffers, the kept
- * pushes of ordered aggregation (world per step), the pull residual; per
- * owned tensor its geometry; the tables and the packed Declare. Computed
- * with saturating arithmetic before anything is allocated. */
-static uint64_t store_need(const gift_shard_t *s, const Gift__Declare *d)
-{
-    int ordered = s->o.aggregate == GIFT_SHARD_ORDERED;
-    uint64_t n = gift__declare__get_packed_size(d);
-    n = add_sat(n, mul_sat(s->ntensors, sizeof(tensor_t)));
-    n = add_sat(n, mul_sat(s->nchunks, sizeof(chunk_t) + 2 * sizeof(chunk_t *)));
-    for (size_t i = 0; i < s->ntensors; i++) {
-        const tensor_t *t = &s->tensors[i];
-        n = add_sat(n, strlen(t->name) + 1);
-        if (t->owner && t->geometry)
-            n = add_sat(n, geometry_need(s, t));
-    }
-    for (size_t i = 0; i < s->nchunks; i++) {
-        const chunk_t *ch = &s->chunks[i];
-        uint64_t per_step = mul_sat(ch->n, sizeof(float));
-        per_step = add_sat(per_step, mul_sat(s->words, 8));
-        per_step = add_sat(per_step, add_sat(ch->pull_l.total, sizeof(gift_rbuf_t) + 64));
-        if (ordered)
-            per_step = add_sat(per_step, mul_sat((ch->push_l.total + 63) & ~(uint64_t)63, s->world));
-        n = add_sat(n, mul_sat(per_step, 2));
-        if (ch->t->pull_ef)
-            n = add_sat(n, mul_sat(ch->n, sizeof(float)));
-    }
-    return n;
-}
-
-/* Fails with GIFT_ENOMEM and a sentence in why when need is above the
- * budget: the figure, the budget, and the option that raises it. */
-static int budget_check(const gift_shard_t *s, uint64_t need, const char *what, char *why,
-                        size_t whylen)
-{
-    if (need <= s->o.max_memory)
-        return 0;
-    if (need == UINT64_MAX)
-        snprintf(why, whylen, "%s needs more than 2^64 bytes; max_memory is %" PRIu64
-                 " bytes (%.1f MiB)", what, s->o.max_memory, (double)s->o.max_memory / 1048576.0);
-    else
-        snprintf(why, whylen, "%s needs %" PRIu64 " bytes (%.1f MiB) of tensor memory on this "
-                 "shard; max_memory is %" PRIu64 " bytes (%.1f MiB): raise max_memory "
-                 "(--max-memory, GIFTD_MAX_MEMORY) or place the tensors on more shards",
-                 what, need, (double)need / 1048576.0, s->o.max_memory,
-                 (double)s->o.max_memory / 1048576.0);
-    return GIFT_ENOMEM;
-}
-
-/* Checks and fixes the transform shape of a geometry tensor: its rank k
- * and basis width ks (declared, or the default policy), each named in the
- * error when out of range; the geometry math takes them as int. */
-static int geometry_shape(const gift_shard_t *s, tensor_t *t, const Gift__TensorDecl *td,
-                          char *why, size_t whylen)
-{
-    int k, ks;
-    if (t->cols < 2 || t->cols > INT32_MAX || t->rows > INT32_MAX) {
-        snprintf(why, whylen, "tensor %u has shape %u x %u: geometry needs 2 to 2^31-1 columns "
-                 "and at most 2^31-1 rows", t->key, t->rows, t->cols);
-        return GIFT_ESHAPE;
-    }
-    k = td->rank ? (td->rank > t->cols ? -1 : (int)td->rank)
-                 : gift_rank_default((int)t->rows, (int)t->cols);
-    if (k < 1) {
-        snprintf(why, whylen, "tensor %u: rank %u is outside 1..%u (its columns)", t->key,
-                 td->rank, t->cols);
-        return GIFT_ESHAPE;
-    }
-    ks = td->basis_cols ? (td->basis_cols > t->cols ? -1 : (int)td->basis_cols)
-                        : gift_basis_cols((int)t->cols, k, GIFT_OVERSAMPLE_DEFAULT);
-    if (ks < k) {
-        snprintf(why, whylen, "tensor %u: a basis of %u columns is outside rank %d..%u columns",
-                 t->key, td->basis_cols, k, t->cols);
-        return GIFT_ESHAPE;
-    }
-    t->k = (uint32_t)k;
-    t->ks = (uint32_t)ks;
-    if ((uint64_t)t->cols * t->ks * 4 > s->o.max_frame_bytes) {
-        snprintf(why, whylen, "tensor %u: its sketch (%u x %u floats) is above max_frame_bytes "
-                 "(%" PRIu64 ")", t->key, t->cols, t->ks, s->o.max_frame_bytes);
-        return GIFT_ESHAPE;
-    }
-    return 0;
-}
-
 /* qsort order of a tensor's chunk index: ascending chunk id. */
 static int chunk_id_cmp(const void *a, const void *b)
 {
@@ -512,7 +239,7 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
     }
     /* The tables first (bounded by the message, but checked all the same),
      * the buffers once the declaration is known to be valid. */
-    if ((rc = budget_check(s, add_sat(mul_sat(nt, sizeof(tensor_t)), mul_sat(nc, sizeof(chunk_t))),
+    if ((rc = gift__admit_budget(s, gift__add_sat(gift__mul_sat(nt, sizeof(tensor_t)), gift__mul_sat(nc, sizeof(chunk_t))),
                            "the declaration's tables", why, whylen)) < 0)
         return rc;
     rc = GIFT_ENOMEM;
@@ -557,7 +284,7 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
         t->refresh = td->refresh ? td->refresh : REFRESH_DEFAULT;
         /* f32 pulls are exact: nothing to feed back. */
         t->pull_ef = td->pull_error_feedback && t->pull.fmt != GIFT_FMT_F32;
-        if (t->geometry && (rc = geometry_shape(s, t, td, why, whylen)) < 0)
+        if (t->geometry && (rc = gift__admit_geometry_shape(s, t, td, why, whylen)) < 0)
             goto fail;
         rc = GIFT_ENOMEM;
     }
@@ -622,8 +349,8 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
             }
     }
     /* Within max_memory before the first buffer is allocated. */
-    s->mem = store_need(s, d);
-    if ((rc = budget_check(s, s->mem, "the declaration", why, whylen)) < 0)
+    s->mem = gift__admit_store_need(s, d);
+    if ((rc = gift__admit_budget(s, s->mem, "the declaration", why, whylen)) < 0)
         goto fail;
     rc = GIFT_ENOMEM;
     /* Allocate every buffer now, once: nothing per message afterwards. */
@@ -736,7 +463,7 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
     } else {
         int adopt = s->world == 0;
         if (adopt) {
-            /* The world size of the first Declare's sender (claim_rank
+            /* The world size of the first Declare's sender (gift__claim_rank
              * refuses peers of another from here on). */
             s->world = p->world;
             s->words = (s->world + 63) / 64;
@@ -857,7 +584,7 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
     /* A Hello never fixes the world size (a stray or hostile one would lock
      * every worker out): it is configured, or adopted from the sender of
      * the first Declare (handle_declare); until then any is accepted, and
-     * checked when the peer acts as its rank (claim_rank). */
+     * checked when the peer acts as its rank (gift__claim_rank). */
     p->hello = 1;
     p->rank = h->rank;
     p->world = h->world_size;
@@ -973,7 +700,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
             if (q->step == step) {
                 gift_peer_t *p = q->peer;
                 uint64_t seq = q->seq;
-                parked_unlink(s, q);
+                gift__parked_unlink(s, q);
                 send_reply(s, p, ch, r, seq);
             }
         }
@@ -989,59 +716,6 @@ static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, 
 {
     return gift__agg_ordered_add(ch, sl, s->world, hits_step(s, step), step, epoch, now, rank,
                                  payload, len);
-}
-
-/* The newest base step over the shard's started chunks (0 when none). */
-static uint64_t newest_base(const gift_shard_t *s)
-{
-    uint64_t b = 0;
-    for (size_t i = 0; i < s->nchunks; i++)
-        if (s->chunks[i].started && s->chunks[i].base > b)
-            b = s->chunks[i].base;
-    return b;
-}
-
-/* The first push of a chunk fixes its window, so it may be at most
- * max_step_ahead past the newest base step of the shard. Returns 0, or
- * GIFT_ESTEP after answering it. */
-static int first_step_check(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const Gift__Push *m)
-{
-    uint64_t newest = newest_base(s);
-    if (m->step <= newest || m->step - newest <= s->o.max_step_ahead)
-        return 0;
-    send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
-               "push for step %" PRIu64 " is the first of tensor %u chunk %u and more than "
-               "max_step_ahead (%" PRIu64 ") past this shard's newest step %" PRIu64
-               "; raise max_step_ahead (--max-step-ahead) if the run really starts there",
-               m->step, ch->t->key, ch->id, s->o.max_step_ahead, newest);
-    return GIFT_ESTEP;
-}
-
-/* A shard that does not own a tensor's geometry cannot check a push's
- * epoch against the owner's, but epochs only grow, at most one per sketch
- * round (one round per step): the epoch of step is at most step + 1, at
- * least that of the chunk's last finished step, and at most one more per
- * step since. epoch_bound is the largest such epoch. */
-static uint64_t epoch_bound_u64(const chunk_t *ch, uint64_t step)
-{
-    const reply_t *r = ch->started && ch->base > 0 ? &ch->reply[(ch->base - 1) & 1] : NULL;
-    if (r != NULL && r->valid && r->step == ch->base - 1 && step > r->step)
-        return add_sat(r->epoch, step - r->step);
-    return add_sat(step, 1);
-}
-
-static uint32_t epoch_bound(const chunk_t *ch, uint64_t step)
-{
-    uint64_t b = epoch_bound_u64(ch, step);
-    return b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
-}
-
-static int epoch_plausible(const chunk_t *ch, uint64_t step, uint32_t epoch)
-{
-    const reply_t *r = ch->started && ch->base > 0 ? &ch->reply[(ch->base - 1) & 1] : NULL;
-    if (r != NULL && r->valid && r->step == ch->base - 1 && epoch < r->epoch)
-        return 0;
-    return epoch <= epoch_bound_u64(ch, step);
 }
 
 static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, const gift_frame_t *f)
@@ -1076,7 +750,7 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
     /* A chunk's first accepted push fixes its base step; a refused one must
      * not, nor may one far past the shard's other chunks (a push for step
      * 10^12 would make every real push a duplicate). */
-    if (!ch->started && (rc = first_step_check(s, p, ch, m)) < 0)
+    if (!ch->started && (rc = gift__admit_first_step(s, p, ch, m)) < 0)
         return 0;
     base = ch->started ? ch->base : m->step;
     if (m->step < base) {
@@ -1101,13 +775,13 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                 want = (uint32_t)sl->epoch;
             else if (t->owner)
                 want = epoch_for_step(t, m->step);
-            else if (epoch_plausible(ch, m->step, m->epoch))
+            else if (gift__admit_epoch_plausible(ch, m->step, m->epoch))
                 want = m->epoch;
             else {
                 send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
                            "push encoded under epoch %u, which step %" PRIu64 " of tensor %u "
                            "cannot use: epochs grow by at most one per step (at most %u here)",
-                           m->epoch, m->step, m->key, epoch_bound(ch, m->step));
+                           m->epoch, m->step, m->key, gift__admit_epoch_bound(ch, m->step));
                 return 0;
             }
             if (m->epoch != want) {
@@ -1183,8 +857,8 @@ static int handle_pull(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
         const reply_t *r = &ch->reply[m->step & 1];
         if (r->valid && r->step == m->step && !r->durable) {
             /* Finished, not yet synced: answered by gift_shard_flush. */
-            if ((rc = park(s, p, ch, m->step, m->seq, m->have_epoch)) < 0)
-                park_refused(s, p, m);
+            if ((rc = gift__park(s, p, ch, m->step, m->seq, m->have_epoch)) < 0)
+                gift__park_refused(s, p, m);
             return 0;
         }
         if (r->valid && r->step == m->step) {
@@ -1202,8 +876,8 @@ static int handle_pull(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
                    ch->base);
         return 0;
     }
-    if ((rc = park(s, p, ch, m->step, m->seq, m->have_epoch)) < 0)
-        park_refused(s, p, m);
+    if ((rc = gift__park(s, p, ch, m->step, m->seq, m->have_epoch)) < 0)
+        gift__park_refused(s, p, m);
     return 0;
 }
 
@@ -1358,12 +1032,7 @@ static int handle_stats(gift_shard_t *s, gift_peer_t *p, const Gift__StatsReques
 /* Dispatch                                                              */
 /* ------------------------------------------------------------------ */
 
-int gift_shard_peer_ready(const gift_peer_t *p)
-{
-    return p->hello;
-}
-
-/* A Declare claimed p's rank (claim_rank); a refused first Declare, which
+/* A Declare claimed p's rank (gift__claim_rank); a refused first Declare, which
  * fixed nothing, gives the claim back, so that a peer whose Declares fail
  * (or whose Hello named another world) does not keep a rank from its worker. */
 static int declare_claimed(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d)
@@ -1375,29 +1044,6 @@ static int declare_claimed(gift_shard_t *s, gift_peer_t *p, const Gift__Declare 
         p->claimed = 0;
     }
     return rc;
-}
-
-int gift_shard_peer_claimed(const gift_peer_t *p)
-{
-    return p->claimed;
-}
-
-int gift_shard_peer_claim(gift_shard_t *s, gift_peer_t *p)
-{
-    if (p->closing)
-        return GIFT_ECLOSED;
-    if (!p->hello) {
-        send_error(s, p, s->o.auth ? GIFT_EAUTH : GIFT_EPROTO, 1, 0, 0, 0, 0,
-                   "a frame with a payload before the Hello%s completed",
-                   s->o.auth ? " and its authentication" : "");
-        return s->o.auth ? GIFT_EAUTH : GIFT_EPROTO;
-    }
-    if (s->world == 0) {
-        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0,
-                   "a frame with a payload before any Declare on this shard");
-        return GIFT_EPROTO;
-    }
-    return claim_rank(s, p);
 }
 
 void gift_shard_reject(gift_shard_t *s, gift_peer_t *p, int code, const char *text)
@@ -1434,7 +1080,7 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
                             env->msg_case == GIFT__ENVELOPE__MSG_PULL ||
                             env->msg_case == GIFT__ENVELOPE__MSG_SKETCH ||
                             env->msg_case == GIFT__ENVELOPE__MSG_GEOMETRY_REQUEST)))) {
-        int rc = claim_rank(s, p);
+        int rc = gift__claim_rank(s, p);
         if (rc < 0)
             return rc;
     }
@@ -1500,7 +1146,7 @@ void gift_shard_tick(gift_shard_t *s)
                 if (q->step == ch->base) {
                     gift_peer_t *p = q->peer;
                     uint64_t seq = q->seq;
-                    parked_unlink(s, q);
+                    gift__parked_unlink(s, q);
                     send_error(s, p, GIFT_ETIMEDOUT, 0, ch->t->key, ch->id, ch->base, seq,
                                "step %" PRIu64 " of tensor %u chunk %u waited %.0f s for %u "
                                "missing ranks (stall_timeout %u s)",
@@ -1537,7 +1183,7 @@ void gift_shard_flush(gift_shard_t *s)
             if (q->step < ch->base && r->valid && r->step == q->step) {
                 gift_peer_t *p = q->peer;
                 uint64_t seq = q->seq;
-                parked_unlink(s, q);
+                gift__parked_unlink(s, q);
                 send_reply(s, p, ch, r, seq);
             }
         }
