@@ -304,6 +304,7 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
     }
     if ((c = calloc(1, sizeof *c)) == NULL)
         return GIFT_ENOMEM;
+    c->dev = gift__devices();
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     rc = GIFT_EINVAL;
@@ -449,7 +450,7 @@ static int geo_alloc(gift_geometry_t *g, int din, int k, int ks)
 
 /* Allocates every host buffer of wire w, once (DESIGN.md section 4). A
  * device wire's payload areas (pinned), scratch and residual (device) are
- * allocated by gift__dev_declare on the I/O thread. */
+ * allocated by the device table's declare on the I/O thread. */
 static int wire_alloc(gift_client_t *c, gift__wire_t *w)
 {
     size_t area = 0;

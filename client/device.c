@@ -2,7 +2,7 @@
  * device.c: libgiftclient's device tensors (GIFT_MEMORY_CUDA), on the GPU
  * through gpu/gift_gpu.h. Built when CUDA is; device_stub.c stands in
  * otherwise. Everything here runs on the I/O thread, except
- * gift__dev_available (any thread), gift__dev_free (after the I/O thread is
+ * gift__dev_available (any thread), the table's free (after the I/O thread is
  * gone) and ready_cb (a CUDA driver thread).
  *
  * Per device used, one gift_gpu_ctx (its own non-blocking stream and copy
@@ -27,7 +27,7 @@
  * reports through host functions (gift_gpu_push_chunk's callback per chunk,
  * gift_gpu_notify at the end of a pull job): ready_cb only stores the status
  * and wakes the loop (uv_async_send through c->io->wake); the loop then
- * sends each chunk as it becomes ready (gift__dev_poll), in the engine's
+ * sends each chunk as it becomes ready (the table's poll), in the engine's
  * usual priority order.
  */
 #ifndef _POSIX_C_SOURCE
@@ -159,7 +159,7 @@ static int dev_malloc(void **p, size_t bytes)
 
 static const gift__path_t dev_path; /* below, with the entry points */
 
-int gift__dev_declare(gift_client_t *c)
+static int dev_declare(gift_client_t *c)
 {
     gift__gpu_t *g;
     int rc = 0;
@@ -281,7 +281,7 @@ static void dev_release(gift_client_t *c)
     int prev = -1;
     if (g == NULL)
         return;
-    /* gift__dev_free may run on the caller's thread: keep its device. */
+    /* dev_free may run on the caller's thread: keep its device. */
     if (cudaGetDevice(&prev) != cudaSuccess) {
         (void)cudaGetLastError();
         prev = -1;
@@ -327,7 +327,7 @@ static void dev_release(gift_client_t *c)
         (void)cudaSetDevice(prev);
 }
 
-void gift__dev_close(gift_client_t *c)
+static void dev_close(gift_client_t *c)
 {
     gift__gpu_t *g = c->gpu;
     if (g == NULL)
@@ -360,7 +360,7 @@ void gift__dev_close(gift_client_t *c)
     dev_release(c);
 }
 
-void gift__dev_free(gift_client_t *c)
+static void dev_free(gift_client_t *c)
 {
     dev_release(c);
 }
@@ -659,7 +659,7 @@ static void dev_quiesce(gift_client_t *c, gift__wire_t *w)
     (void)cudaStreamSynchronize((cudaStream_t)gift_gpu_ctx_stream(d->ctx));
 }
 
-void gift__dev_poll(gift_client_t *c)
+static void dev_poll(gift_client_t *c)
 {
     gift__gpu_t *g = c->gpu;
     for (int k = 0; g != NULL && k < g->n; k++) {
@@ -786,3 +786,10 @@ static const gift__path_t dev_path = {
     .sketch = dev_sketch,
     .quiesce = dev_quiesce,
 };
+
+static const gift__devices_t DEVICES = {dev_declare, dev_poll, dev_close, dev_free};
+
+const gift__devices_t *gift__devices(void)
+{
+    return &DEVICES;
+}

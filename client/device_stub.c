@@ -16,23 +16,30 @@ int gift__dev_available(int device, const char *name)
     return GIFT_ENODEV;
 }
 
-int gift__dev_declare(gift_client_t *c)
+static int dev_declare(gift_client_t *c)
 {
     (void)c;
     return 0;
 }
 
-void gift__dev_poll(gift_client_t *c)
+static void dev_poll(gift_client_t *c)
 {
     (void)c;
 }
 
-void gift__dev_close(gift_client_t *c)
+static void dev_close(gift_client_t *c)
 {
     (void)c;
 }
 
-void gift__dev_free(gift_client_t *c)
+static void dev_free(gift_client_t *c)
 {
     (void)c;
+}
+
+static const gift__devices_t DEVICES = {dev_declare, dev_poll, dev_close, dev_free};
+
+const gift__devices_t *gift__devices(void)
+{
+    return &DEVICES;
 }

@@ -536,7 +536,7 @@ static void check_close(gift_client_t *c)
     }
     cmd = c->cmd_close;
     c->cmd_close = NULL;
-    gift__dev_close(c); /* no host function may wake the loop once it stops */
+    c->dev->close(c); /* no host function may wake the loop once it stops */
     c->io->shutdown(c);
     gift__cmd_done(c, cmd, 0);
 }
@@ -545,7 +545,7 @@ void gift__eng_commands(gift_client_t *c)
 {
     gift__cmd_t *cmd, *next;
     if (c->gpu != NULL) /* a host function of a device job may have woken us */
-        gift__dev_poll(c);
+        c->dev->poll(c);
     cmd = gift__take_commands(c);
     for (; cmd != NULL; cmd = next) {
         next = cmd->next;
@@ -587,8 +587,8 @@ void gift__eng_commands(gift_client_t *c)
         case GIFT__CMD_DECLARE: {
             int rc;
             for (size_t i = 0; i < c->nwires; i++)
-                c->wires[i].path = &gift__host_path; /* a device wire's: gift__dev_declare */
-            rc = gift__dev_declare(c);
+                c->wires[i].path = &gift__host_path; /* a device wire's: c->dev->declare */
+            rc = c->dev->declare(c);
             if (rc < 0) {
                 gift__cmd_done(c, cmd, rc);
                 break;
@@ -996,7 +996,7 @@ void gift__eng_tick(gift_client_t *c)
     gift_op_t *op;
 
     if (c->gpu != NULL) /* device reports, should a wake-up have been missed */
-        gift__dev_poll(c);
+        c->dev->poll(c);
     /* Each pass completes (and unlinks) one expired operation. */
     for (;;) {
         for (op = c->ops; op != NULL && now < op->deadline_ns; op = op->next)
@@ -1086,7 +1086,7 @@ void gift__eng_pull_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
 
 void gift__eng_free_wires(gift_client_t *c)
 {
-    gift__dev_free(c); /* device buffers and pinned payloads first */
+    c->dev->free(c); /* device buffers and pinned payloads first */
     if (c->wires == NULL)
         return;
     for (size_t i = 0; i < c->nwires; i++) {

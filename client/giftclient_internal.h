@@ -23,8 +23,8 @@
  * -> engine.c (gift__eng_*). The engine reaches net.c only through
  * gift__io_t and a tensor's host or device path only through gift__path_t,
  * so it runs in tests without sockets (tests/client/test_engine.c). It
- * still calls device.c's lifecycle (gift__dev_declare, _poll, _close,
- * _free) by name.
+ * reaches device.c's lifecycle only through c->dev (gift__devices_t,
+ * which gift__client_new sets from gift__devices()).
  *   device.c  device tensors (GIFT_MEMORY_CUDA) on the GPU through gpu/'s
  *             gift_gpu.h: contexts, device buffers, and the queue of GPU
  *             jobs of each device. Built when CUDA is; device_stub.c (no
@@ -244,7 +244,7 @@ typedef struct gift__wire {
  * path (device.c) queues the same work as jobs on the wire's GPU through
  * gift__backend_cuda's entry points and reports back through the
  * gift__eng_* calls below. Set for every wire at declaration (CMD_DECLARE),
- * a device wire's by gift__dev_declare. */
+ * a device wire's by the device table's declare. */
 struct gift__path {
     /* Starts ps's push of src (step and slot set) under G (NULL: Euclidean)
      * and epoch: gift__eng_push_begin, then encodes and queues its chunks.
@@ -339,6 +339,7 @@ struct gift_client {
     uint64_t seed;
     char name[128];
     gift_auth_key_t *auth; /* the shared secret, or NULL: no authentication */
+    const struct gift__devices *dev; /* the device lifecycle (gift__devices()) */
     /* The declared list (immutable after gift_declare). */
     int declared;       /* caller: operations may start */
     uint64_t max_frame; /* smallest max_frame_bytes of the shards, from open */
@@ -377,7 +378,7 @@ struct gift_client {
     uint64_t backoff_reset_ns;
 };
 
-/* The host path (host.c), every wire's unless gift__dev_declare gives it a
+/* The host path (host.c), every wire's unless the device table's declare gives it a
  * device's. */
 extern const gift__path_t gift__host_path;
 
@@ -499,16 +500,26 @@ int gift__eng_push_gone(gift__pstate_t *ps);
  * line on stderr naming tensor `name` (any thread; queries the device count
  * only). */
 int gift__dev_available(int device, const char *name);
-/* I/O thread, at declaration: a context per device used, every device
- * wire's device buffers and pinned staging (ps->payload), and its path
- * (w->path: the device path of gift__path_t). 0 or a code (said on stderr). */
-int gift__dev_declare(gift_client_t *c);
-/* Takes the reports of finished GPU work (host functions woke the loop). */
-void gift__dev_poll(gift_client_t *c);
-/* I/O thread, closing: waits for the devices, frees every device resource. */
-void gift__dev_close(gift_client_t *c);
-/* Any thread, once the I/O thread is gone: frees what dev_close did not. */
-void gift__dev_free(gift_client_t *c);
+/* The device lifecycle, as a table the engine calls through c->dev (set
+ * by gift__client_new from gift__devices()), so that the engine names no
+ * device function and device.c's reports (gift__eng_*) run one way.
+ * device.c fills it; without CUDA device_stub.c fills it with no-ops. */
+typedef struct gift__devices {
+    /* I/O thread, at declaration: a context per device used, every device
+     * wire's device buffers and pinned staging (ps->payload), and its path
+     * (w->path: the device path of gift__path_t). 0 or a code (said on
+     * stderr). */
+    int (*declare)(gift_client_t *c);
+    /* Takes the reports of finished GPU work (host functions woke the loop). */
+    void (*poll)(gift_client_t *c);
+    /* I/O thread, closing: waits for the devices, frees every device resource. */
+    void (*close)(gift_client_t *c);
+    /* Any thread, once the I/O thread is gone: frees what close did not. */
+    void (*free)(gift_client_t *c);
+} gift__devices_t;
+
+/* This build's device table (static storage). */
+const gift__devices_t *gift__devices(void);
 
 /* ---- net.c ---- */
 /* Caller: the loop, its handles and the I/O thread; sets c->io. */
