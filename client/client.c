@@ -328,6 +328,14 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
         snprintf(c->name, sizeof c->name, "%s", v);
     else
         snprintf(c->name, sizeof c->name, "gift-%ld", (long)getpid());
+    v = o.run_id != NULL ? o.run_id : getenv("GIFT_RUN_ID");
+    if (v != NULL && strlen(v) >= sizeof c->run_id) {
+        fprintf(stderr, "giftclient: run id (%s) of %zu bytes; at most %zu are allowed\n",
+                o.run_id != NULL ? "opts.run_id" : "GIFT_RUN_ID", strlen(v),
+                sizeof c->run_id - 1);
+        goto fail;
+    }
+    snprintf(c->run_id, sizeof c->run_id, "%s", v != NULL ? v : "");
     v = o.auth_key_file != NULL ? o.auth_key_file : getenv("GIFT_AUTH_KEY_FILE");
     if (v != NULL && *v != '\0') {
         char err[512], warn[512];

@@ -905,6 +905,9 @@ static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
     if (e->seq == 0) {
         /* About the connection: Hello or Declare refused, or a fatal error. */
         if (cn->state == GIFT__CONN_HELLO || cn->state == GIFT__CONN_DECLARING) {
+            fprintf(stderr, "giftclient: shard %u refused the %s: %s (%s)\n", shard,
+                    cn->state == GIFT__CONN_HELLO ? "Hello" : "Declare", e->text ? e->text : "",
+                    gift_strerror(code));
             cn->err = code;
             check_cmds(c);
         } else {

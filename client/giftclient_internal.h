@@ -338,6 +338,7 @@ struct gift_client {
     uint32_t timeout_ms, connect_timeout_ms, backoff_max_ms;
     uint64_t seed;
     char name[128];
+    char run_id[65]; /* presented at Hello ("" = none): at most 64 bytes */
     gift_auth_key_t *auth; /* the shared secret, or NULL: no authentication */
     /* The declared list (immutable after gift_declare). */
     int declared;       /* caller: operations may start */

@@ -258,10 +258,11 @@ class Op:
 class Client:
     """A libgiftclient client: gift_client_open with the given options; what
     is left None comes from the environment (GIFT_SERVERS; GIFT_RANK or RANK;
-    GIFT_WORLD or WORLD_SIZE). Use as a context manager or call close()."""
+    GIFT_WORLD or WORLD_SIZE; GIFT_RUN_ID for run_id). Use as a context manager
+    or call close()."""
 
     def __init__(self, servers=None, rank=None, world_size=None, chunk_bytes=0, timeout_ms=0,
-                 connect_timeout_ms=0, backoff_max_ms=0, seed=0, name=None):
+                 connect_timeout_ms=0, backoff_max_ms=0, seed=0, name=None, run_id=None):
         o = _lib._ClientOpts()
         o.size = ctypes.sizeof(o)
         self._servers = servers.encode() if servers else None
@@ -272,6 +273,8 @@ class Client:
         o.chunk_bytes, o.timeout_ms = int(chunk_bytes), int(timeout_ms)
         o.connect_timeout_ms, o.backoff_max_ms = int(connect_timeout_ms), int(backoff_max_ms)
         o.seed, o.name = int(seed), self._name
+        self._run_id = run_id.encode() if run_id is not None else None
+        o.run_id = self._run_id
         h = ctypes.c_void_p()
         _lib.check(_lib.lib.gift_client_open(ctypes.byref(o), ctypes.byref(h)),
                    "gift_client_open")

@@ -55,6 +55,8 @@ class _ClientOpts(ctypes.Structure):
         ("backoff_max_ms", ctypes.c_uint32),
         ("seed", ctypes.c_uint64),
         ("name", ctypes.c_char_p),
+        ("auth_key_file", ctypes.c_char_p),  # None: $GIFT_AUTH_KEY_FILE
+        ("run_id", ctypes.c_char_p),  # None: $GIFT_RUN_ID
     ]
 
 

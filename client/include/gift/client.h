@@ -76,14 +76,22 @@ typedef struct gift_client_opts {
      * empty: no authentication. With a key the client proves it at Hello and refuses any
      * shard that does not prove it back; the file must not be readable by other users. */
     const char *auth_key_file;
+    /* The run this worker belongs to, at most 64 bytes, presented at every Hello: NULL:
+     * $GIFT_RUN_ID (giftrun sets a fresh one per run); unset or empty: no check. A shard
+     * holding another run's state refuses the client (GIFT_ERUNID). The string is the
+     * caller's and is copied by gift_client_open. Added after auth_key_file: a caller built
+     * against an older header (smaller size) gets $GIFT_RUN_ID. */
+    const char *run_id;
 } gift_client_opts_t;
 
-#define GIFT_CLIENT_OPTS_INIT {sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL, NULL}
+#define GIFT_CLIENT_OPTS_INIT \
+    {sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL}
 
 /* Opens a client: reads what opts leaves unset from the environment, starts
  * the I/O thread and connects to every shard (Hello). Returns 0 and *out, or
  * GIFT_EINVAL (bad or missing servers/rank/world), GIFT_ETIMEDOUT (a shard
  * could not be reached within connect_timeout_ms), GIFT_EWORLD, GIFT_ENOMEM,
+ * GIFT_ERUNID (a shard holds another run's state), GIFT_EINVAL (a run id above 64 bytes),
  * GIFT_EAUTH (the key file is unusable, said on stderr; a shard refused the
  * key, or it requires one and none is set; a shard failed to prove the key).
  * On error *out is NULL and nothing is left running. */
