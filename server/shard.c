@@ -598,8 +598,9 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
         return GIFT_EWORLD;
     }
     if (s->world != 0 && h->world_size != s->world) {
-        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u, the cluster has %u",
-                   h->world_size, s->world);
+        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0,
+                   "world size %u, the cluster has %u: start every worker with WORLD_SIZE=%u",
+                   h->world_size, s->world, s->world);
         return GIFT_EWORLD;
     }
     if (h->rank >= h->world_size) {

@@ -748,6 +748,20 @@ static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
         long world;
         int ok = 0;
 
+        /* The shard's own port first: a wrong --servers is named as such,
+         * not as a failure of the HTTP port next to it. */
+        {
+            char cerr[400];
+            int fd = tcp_connect(e->host, e->port, deadline, cerr, sizeof cerr);
+            if (fd < 0) {
+                snprintf(err, sizeof err, "shard protocol port: %s (is giftd running there? "
+                         "check --servers / GIFT_SERVERS)", cerr);
+                memset(&m, 0, sizeof m);
+                world = -1;
+                goto report;
+            }
+            close(fd);
+        }
         metrics_read(e, deadline, &m);
         world = world_for(o, &m, err, sizeof err);
         if (world > 65536) {
@@ -758,6 +772,7 @@ static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
             ok = fetch_stats(e, (uint32_t)world, key, deadline, &st, err, sizeof err) == 0;
         else if (world == 0)
             ok = 1; /* no worker yet: nothing declared, nothing to ask */
+    report:
         bad |= !ok;
 
         if (o->json) {

@@ -276,8 +276,11 @@ class Client:
         self._run_id = run_id.encode() if run_id is not None else None
         o.run_id = self._run_id
         h = ctypes.c_void_p()
-        _lib.check(_lib.lib.gift_client_open(ctypes.byref(o), ctypes.byref(h)),
-                   "gift_client_open")
+        rc = _lib.lib.gift_client_open(ctypes.byref(o), ctypes.byref(h))
+        if rc < 0:
+            why = _lib.last_error(None)
+            raise GiftError(rc, "gift_client_open",
+                            _lib.strerror(rc) + (": " + why if why else ""))
         self._h = h
         self.tensors = []
 

@@ -22,7 +22,8 @@
  *
  * Errors: functions return 0 or a negative code of gift_error.h;
  * gift_strerror names each one. An operation that cannot complete within
- * its timeout fails with GIFT_ETIMEDOUT instead of hanging.
+ * its timeout fails with GIFT_ETIMEDOUT instead of hanging (timeout_ms, else
+ * $GIFT_TIMEOUT_MS, else 60 s); gift_client_last_error says which shard failed.
  *
  * Versioning: the header and the library follow semantic versioning; the
  * SONAME carries the major version. Structs passed in carry their own size
@@ -67,7 +68,7 @@ typedef struct gift_client_opts {
     int rank;                  /* -1: $GIFT_RANK, else $RANK */
     int world_size;            /* 0: $GIFT_WORLD, else $WORLD_SIZE */
     uint64_t chunk_bytes;      /* largest chunk in FP32 bytes; 0: 4 MiB */
-    uint32_t timeout_ms;       /* per operation; 0: 60000 */
+    uint32_t timeout_ms;       /* per operation; 0: $GIFT_TIMEOUT_MS, else 60000 */
     uint32_t connect_timeout_ms; /* giving up on reaching a shard; 0: 30000 */
     uint32_t backoff_max_ms;   /* reconnect backoff cap; 0: 2000 */
     uint64_t seed;             /* stochastic rounding and epoch-0 bases; 0: 1 */
@@ -96,6 +97,15 @@ typedef struct gift_client_opts {
  * key, or it requires one and none is set; a shard failed to prove the key).
  * On error *out is NULL and nothing is left running. */
 int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out);
+
+/* Copies into buf (len bytes, always terminated) the sentence that explained
+ * the client's last failure: the shard's index, address and Error text, or
+ * what was expected and found (world size, connection refused, ...); "" when
+ * nothing failed. With c NULL: the last failed gift_client_open of the
+ * calling thread. The sentence also went to stderr when it happened. Returns
+ * its length (it may have been cut to fit), or GIFT_EINVAL (buf NULL or len
+ * 0). Any thread. */
+int gift_client_last_error(gift_client_t *c, char *buf, size_t len);
 
 /* Closes the client: waits for operations in flight (up to their timeout),
  * stops the I/O thread, frees everything. NULL is allowed. */
