@@ -203,7 +203,8 @@ class Op:
     raises GiftError if it failed; done() tests without waiting. The buffers
     given to the call are held until completion."""
 
-    def __init__(self, call, keep, callback=None):
+    def __init__(self, call, keep, callback=None, client=None):
+        self._client = client  # for gift_client_last_error when it fails
         self._call = call
         self._keep = keep
         self._ptr = None
@@ -234,7 +235,10 @@ class Op:
             self._ptr = None
             self._keep = None
         if self.status is not None and self.status < 0:
-            raise GiftError(self.status, self._call)
+            h = getattr(self._client, "_h", None)
+            why = _lib.last_error(h) if h is not None and h.value else ""
+            raise GiftError(self.status, self._call,
+                            _lib.strerror(self.status) + (": " + why if why else ""))
         return 0
 
     def done(self):
@@ -350,7 +354,7 @@ class Client:
             ptrs.append(p)
             keep.append(k)
         _sync_cuda(keep)
-        op = Op(call, keep, callback)
+        op = Op(call, keep, callback, self)
         h = ctypes.c_void_p()
         if callback is None:
             rc = fn(self._handle(), tid, step, *ptrs, _lib.NULL_CB, None, ctypes.byref(h))

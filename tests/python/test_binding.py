@@ -135,6 +135,11 @@ def test_open_errors_name_the_server(cluster):
     cl = cluster(1, 2)
     e = _raises(-16, gift.Client, cl.servers, 0, 3, 0, 0, 5000)
     assert "world size 3" in str(e) and "has 2" in str(e) and "shard 0 (127.0.0.1:" in str(e), e
+    # an operation that times out (rank 1 never comes) says after how long and how to set it
+    with gift.Client(cl.servers, 0, 2, 0, 300, 5000) as c:
+        c.declare([gift.Tensor("a", 4, 8)])
+        e = _raises(-22, c.push_pull(0, 0, np.ones((4, 8), np.float32)).wait)
+        assert "300 ms" in str(e) and "GIFT_TIMEOUT_MS" in str(e), e
 
 
 def test_c_errors_are_exceptions(cluster):
