@@ -13,6 +13,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,6 +251,9 @@ static int parse_servers(gift_client_t *c, const char *list)
     return 0;
 }
 
+/* What the calling thread's last failed gift_client_open said. */
+static _Thread_local char open_err[512];
+
 static const char *env2(const char *a, const char *b)
 {
     const char *v = getenv(a);
@@ -320,6 +324,15 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
     if (c->chunk_bytes < 64)
         goto fail;
     c->timeout_ms = o.timeout_ms ? o.timeout_ms : GIFT__TIMEOUT_DEFAULT;
+    if (!o.timeout_ms && (v = getenv("GIFT_TIMEOUT_MS")) != NULL && *v != '\0') {
+        long t = parse_uint(v, UINT32_MAX);
+        if (t < 1) {
+            fprintf(stderr, "giftclient: GIFT_TIMEOUT_MS=%s is not a number of milliseconds "
+                            "1..%u\n", v, UINT32_MAX);
+            goto fail;
+        }
+        c->timeout_ms = (uint32_t)t;
+    }
     c->connect_timeout_ms =
         o.connect_timeout_ms ? o.connect_timeout_ms : GIFT__CONNECT_TIMEOUT_DEFAULT;
     c->backoff_max_ms = o.backoff_max_ms ? o.backoff_max_ms : GIFT__BACKOFF_MAX_DEFAULT;
@@ -329,6 +342,14 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
         snprintf(c->name, sizeof c->name, "%s", v);
     else
         snprintf(c->name, sizeof c->name, "gift-%ld", (long)getpid());
+    v = o.run_id != NULL ? o.run_id : getenv("GIFT_RUN_ID");
+    if (v != NULL && strlen(v) >= sizeof c->run_id) {
+        fprintf(stderr, "giftclient: run id (%s) of %zu bytes; at most %zu are allowed\n",
+                o.run_id != NULL ? "opts.run_id" : "GIFT_RUN_ID", strlen(v),
+                sizeof c->run_id - 1);
+        goto fail;
+    }
+    snprintf(c->run_id, sizeof c->run_id, "%s", v != NULL ? v : "");
     v = o.auth_key_file != NULL ? o.auth_key_file : getenv("GIFT_AUTH_KEY_FILE");
     if (v != NULL && *v != '\0') {
         char err[512], warn[512];
@@ -364,6 +385,7 @@ int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
     gift__cmd_t cmd;
     int rc;
 
+    open_err[0] = '\0';
     if ((rc = gift__client_new(opts, out)) < 0)
         return rc;
     c = *out;
@@ -376,11 +398,62 @@ int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
     cmd.kind = GIFT__CMD_CONNECT;
     cmd.deadline_ns = c->io->now_ns() + (uint64_t)c->connect_timeout_ms * 1000000ull;
     if ((rc = run_cmd(c, &cmd)) < 0) {
+        pthread_mutex_lock(&c->mu);
+        snprintf(open_err, sizeof open_err, "%s", c->last_err);
+        pthread_mutex_unlock(&c->mu);
         gift_client_close(c);
         return rc;
     }
     *out = c;
     return 0;
+}
+
+void gift__client_note(gift_client_t *c, const char *fmt, ...)
+{
+    char text[sizeof c->last_err];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "giftclient: %s\n", text);
+    pthread_mutex_lock(&c->mu);
+    memcpy(c->last_err, text, sizeof text);
+    pthread_mutex_unlock(&c->mu);
+}
+
+const char *gift__shard_addr(const gift_client_t *c, uint32_t shard, char *buf, size_t len)
+{
+    const struct sockaddr_storage *a = &c->addrs[shard];
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (a->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)a;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+        port = ntohs(in->sin_port);
+        snprintf(buf, len, "%s:%u", host, port);
+    } else {
+        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)a;
+        inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof host);
+        port = ntohs(in->sin6_port);
+        snprintf(buf, len, "[%s]:%u", host, port);
+    }
+    return buf;
+}
+
+int gift_client_last_error(gift_client_t *c, char *buf, size_t len)
+{
+    size_t n;
+    if (buf == NULL || len == 0)
+        return GIFT_EINVAL;
+    if (c == NULL) {
+        snprintf(buf, len, "%s", open_err);
+    } else {
+        pthread_mutex_lock(&c->mu);
+        snprintf(buf, len, "%s", c->last_err);
+        pthread_mutex_unlock(&c->mu);
+    }
+    n = strlen(buf);
+    return (int)n;
 }
 
 void gift_client_close(gift_client_t *c)

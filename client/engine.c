@@ -32,6 +32,7 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -622,6 +623,11 @@ void gift__eng_commands(gift_client_t *c)
 
 void gift__eng_conn_up(gift_client_t *c, uint32_t shard)
 {
+    char a[64];
+    if (c->conns[shard].connect_err != 0 || c->conns[shard].lost)
+        fprintf(stderr, "giftclient: shard %u (%s): connected\n", shard,
+                gift__shard_addr(c, shard, a, sizeof a));
+    c->conns[shard].connect_err = 0;
     c->conns[shard].err = 0;
     c->conns[shard].state = GIFT__CONN_HELLO;
     c->conns[shard].challenged = 0;
@@ -631,9 +637,15 @@ void gift__eng_conn_up(gift_client_t *c, uint32_t shard)
 /* Everything that was queued on the lost connection must go again. */
 void gift__eng_conn_down(gift_client_t *c, uint32_t shard)
 {
+    char a[64];
     c->conns[shard].state = GIFT__CONN_DOWN;
-    if (c->conns[shard].ever_ready)
+    if (c->conns[shard].ever_ready) {
+        if (!c->conns[shard].lost)
+            fprintf(stderr, "giftclient: shard %u (%s): connection lost; reconnecting (backoff "
+                            "up to %u ms) and replaying what it may not have counted\n", shard,
+                    gift__shard_addr(c, shard, a, sizeof a), c->backoff_max_ms);
         c->conns[shard].lost = 1;
+    }
     for (size_t i = 0; c->io_declared && i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
         for (uint32_t j = 0; j < w->nchunks; j++) {
@@ -650,11 +662,22 @@ void gift__eng_conn_down(gift_client_t *c, uint32_t shard)
     }
 }
 
+/* A connect failed with code (a negative errno): kept for the timeout's
+ * message, and logged at most every 5 s per shard while it goes on. */
 void gift__eng_conn_failed(gift_client_t *c, uint32_t shard, int code)
 {
-    (void)c;
-    (void)shard;
-    (void)code;
+    gift__conn_t *cn = &c->conns[shard];
+    uint64_t now = c->io->now_ns();
+    char a[64];
+    int first = cn->connect_err == 0;
+    cn->connect_err = code < 0 ? code : -EIO;
+    if (first || now - cn->connect_log_ns >= 5000000000ull) {
+        cn->connect_log_ns = now;
+        fprintf(stderr, "giftclient: shard %u (%s): %s; retrying\n", shard,
+                gift__shard_addr(c, shard, a, sizeof a),
+                cn->connect_err == -ECONNREFUSED ? "connection refused (is giftd listening there?)"
+                                                 : strerror(-cn->connect_err));
+    }
 }
 
 /* A connection became ready (declared): geometry requests, then sketches,
@@ -706,15 +729,23 @@ static int on_auth_challenge(gift_client_t *c, uint32_t shard, const Gift__AuthC
 static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *a)
 {
     gift__conn_t *cn = &c->conns[shard];
+    char ad[64];
     if (cn->state != GIFT__CONN_HELLO)
         return GIFT_EPROTO;
+    gift__shard_addr(c, shard, ad, sizeof ad);
     if (a->protocol_version != GIFT_PROTOCOL_VERSION) {
+        gift__client_note(c, "shard %u (%s) speaks protocol %u; this client %d", shard, ad,
+                          a->protocol_version, GIFT_PROTOCOL_VERSION);
         cn->err = GIFT_EVERSION;
     } else if (a->shard_id != shard || a->num_shards != c->nshards) {
-        fprintf(stderr, "giftclient: server %u of GIFT_SERVERS is shard %u of %u (want %u of %u)\n",
-                shard, a->shard_id, a->num_shards, shard, c->nshards);
+        gift__client_note(c, "server %u of GIFT_SERVERS (%s) is shard %u of %u (want %u of %u): "
+                          "list the shards in order", shard, ad, a->shard_id, a->num_shards,
+                          shard, c->nshards);
         cn->err = GIFT_EINVAL;
     } else if (a->world_size != 0 && a->world_size != (uint32_t)c->world) {
+        gift__client_note(c, "shard %u (%s) serves a world of %u ranks; this worker has world "
+                          "size %d (WORLD_SIZE / GIFT_WORLD): start every worker with the same",
+                          shard, ad, a->world_size, c->world);
         cn->err = GIFT_EWORLD;
     } else if (c->auth != NULL) {
         /* The shard must prove the key too, or it gets no gradients. */
@@ -896,20 +927,37 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
     check_cmds(c);
 }
 
+/* A shard's Error fails an operation: the shard, its address and its text
+ * become the client's last error. */
+static void note_refusal(gift_client_t *c, uint32_t shard, const char *what, const Gift__Error *e,
+                         int code)
+{
+    char a[64];
+    gift__client_note(c, "shard %u (%s) refused the %s of tensor %u chunk %u step %" PRIu64
+                      ": %s (%s)", shard, gift__shard_addr(c, shard, a, sizeof a), what, e->key,
+                      e->chunk, e->step, e->text ? e->text : "", gift_strerror(code));
+}
+
 static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
 {
     int kind = (int)(e->seq >> 56), code = e->code < 0 ? e->code : GIFT_EIO;
     gift__conn_t *cn = &c->conns[shard];
     gift__wire_t *w = wire_key(c, e->key);
+    char a[64];
 
     if (e->seq == 0) {
         /* About the connection: Hello or Declare refused, or a fatal error. */
         if (cn->state == GIFT__CONN_HELLO || cn->state == GIFT__CONN_DECLARING) {
+            gift__client_note(c, "shard %u (%s) refused the %s: %s (%s)", shard,
+                              gift__shard_addr(c, shard, a, sizeof a),
+                              cn->state == GIFT__CONN_HELLO ? "Hello" : "Declare",
+                              e->text ? e->text : "", gift_strerror(code));
             cn->err = code;
             check_cmds(c);
         } else {
-            fprintf(stderr, "giftclient: shard %u: %s (%s)\n", shard, e->text ? e->text : "",
-                    gift_strerror(code));
+            gift__client_note(c, "shard %u (%s): %s (%s)", shard,
+                              gift__shard_addr(c, shard, a, sizeof a), e->text ? e->text : "",
+                              gift_strerror(code));
         }
         return;
     }
@@ -918,14 +966,18 @@ static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
     switch (kind) {
     case GIFT__SEQ_PUSH: {
         gift__pstate_t *ps = &w->ps[e->step & 1];
-        if (ps->step == e->step && (ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED))
+        if (ps->step == e->step && (ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED)) {
+            note_refusal(c, shard, "push", e, code);
             fail_ps(c, ps, code);
+        }
         break;
     }
     case GIFT__SEQ_PULL: {
         gift__lstate_t *pl = &w->pl[e->step & 1];
-        if (pl->step == e->step && pl->state == GIFT__PL_PENDING)
+        if (pl->step == e->step && pl->state == GIFT__PL_PENDING) {
+            note_refusal(c, shard, "pull", e, code);
             fail_pl(c, pl, code);
+        }
         break;
     }
     case GIFT__SEQ_SKETCH:
@@ -990,10 +1042,30 @@ int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
 /* Time                                                                  */
 /* ------------------------------------------------------------------ */
 
+/* An operation timed out: says after how long, and names a shard that is
+ * not connected, the likely culprit, when there is one. */
+static void note_timeout(gift_client_t *c)
+{
+    char a[64];
+    for (uint32_t s = 0; s < c->nshards; s++)
+        if (c->conns[s].state != GIFT__CONN_READY) {
+            gift__client_note(c, "an operation timed out after %u ms (timeout_ms, GIFT_TIMEOUT_MS) "
+                              "while shard %u (%s) is not connected%s", c->timeout_ms, s,
+                              gift__shard_addr(c, s, a, sizeof a),
+                              c->conns[s].connect_err == -ECONNREFUSED ? ": connection refused"
+                                                                       : "");
+            return;
+        }
+    gift__client_note(c, "an operation timed out after %u ms (timeout_ms, GIFT_TIMEOUT_MS) with "
+                      "every shard connected: a rank may be missing (giftctl status)",
+                      c->timeout_ms);
+}
+
 void gift__eng_tick(gift_client_t *c)
 {
     uint64_t now = c->io->now_ns();
     gift_op_t *op;
+    int noted = 0;
 
     if (c->gpu != NULL) /* device reports, should a wake-up have been missed */
         c->dev->poll(c);
@@ -1003,6 +1075,8 @@ void gift__eng_tick(gift_client_t *c)
             ;
         if (op == NULL)
             break;
+        if (!noted++)
+            note_timeout(c);
         for (int i = 0; i < op->nreq; i++)
             if (op->active[i]) {
                 req_finish(c, &op->req[i], GIFT_ETIMEDOUT); /* fails the other half too */
@@ -1021,6 +1095,21 @@ void gift__eng_tick(gift_client_t *c)
         c->cmd_connect = NULL;
         for (uint32_t s = 0; s < c->nshards && !err; s++)
             err = c->conns[s].err;
+        for (uint32_t s = 0; s < c->nshards && !err; s++) {
+            const gift__conn_t *cn = &c->conns[s];
+            char a[64];
+            if (cn->state == GIFT__CONN_READY)
+                continue;
+            gift__client_note(c, "shard %u (%s) not reached within %u ms (connect_timeout_ms): %s",
+                              s, gift__shard_addr(c, s, a, sizeof a), c->connect_timeout_ms,
+                              cn->connect_err == -ECONNREFUSED
+                                  ? "connection refused: is giftd running there, and is "
+                                    "GIFT_SERVERS right?"
+                              : cn->connect_err ? strerror(-cn->connect_err)
+                              : cn->state == GIFT__CONN_DOWN ? "no connection"
+                                                             : "no answer to the Hello");
+            break;
+        }
         gift__cmd_done(c, cmd, err ? err : GIFT_ETIMEDOUT);
     }
     if (c->cmd_declare && now >= c->cmd_declare->deadline_ns) {

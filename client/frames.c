@@ -135,6 +135,7 @@ void gift__send_hello(gift_client_t *c, uint32_t shard)
         h.cluster_digest.len = 8;
     }
     h.client_name = c->name;
+    h.run_id = c->run_id;
     if (c->auth != NULL) {
         if (!cn->challenged && gift_auth_nonce(cn->cnonce) < 0) {
             c->io->drop(c, shard);

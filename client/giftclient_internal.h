@@ -288,6 +288,8 @@ typedef struct gift__conn {
     int err;        /* the shard refused the handshake (a code) */
     int ever_ready; /* reached READY at least once */
     int lost;       /* dropped after being ready: the next READY is a reconnect */
+    int connect_err;      /* the last failed connect: a negative errno (libuv), 0: none */
+    uint64_t connect_log_ns; /* when a failed connect was last logged (rate limit) */
     int declared;   /* a DeclareAck arrived */
     uint64_t max_frame;
     /* Authentication of this connection (gift.proto): */
@@ -338,6 +340,8 @@ struct gift_client {
     uint32_t timeout_ms, connect_timeout_ms, backoff_max_ms;
     uint64_t seed;
     char name[128];
+    char run_id[65]; /* presented at Hello ("" = none): at most 64 bytes */
+    char last_err[512]; /* gift_client_last_error: what the last failure said (under mu) */
     gift_auth_key_t *auth; /* the shared secret, or NULL: no authentication */
     const struct gift__devices *dev; /* the device lifecycle (gift__devices()) */
     /* The declared list (immutable after gift_declare). */
@@ -431,6 +435,14 @@ void gift__op_complete(gift_client_t *c, struct gift_op *op);
 void gift__ops_free(gift_client_t *c);
 
 /* ---- client.c (internal steps, for tests/client/test_engine.c) ---- */
+/* Writes the printf-formatted sentence into c->last_err (under c->mu) and
+ * on stderr, prefixed "giftclient: " (any thread). */
+void gift__client_note(gift_client_t *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* "host:port" of shard's address, in buf (len bytes). */
+const char *gift__shard_addr(const gift_client_t *c, uint32_t shard, char *buf, size_t len);
+
 /* gift_client_open without the network: options, servers, rank, auth, the
  * per-shard connection state. c->io is NULL until gift__net_start (or a
  * test) sets it. 0 or a code; free with gift_client_close. */

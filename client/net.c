@@ -356,7 +356,7 @@ static void on_connect(uv_connect_t *req, int status)
     if (status == UV_ECANCELED || net->stopping || uv_is_closing((uv_handle_t *)&u->tcp))
         return;
     if (status < 0) {
-        gift__eng_conn_failed(net->c, u->shard, GIFT_EIO);
+        gift__eng_conn_failed(net->c, u->shard, status); /* a negative errno */
         uv_close((uv_handle_t *)&u->tcp, on_tcp_closed);
         return;
     }

@@ -56,6 +56,8 @@ const char *gift_strerror(int code)
         return "authentication failed";
     case GIFT_ECLOSED:
         return "connection closed";
+    case GIFT_ERUNID:
+        return "the shard holds another run's state (reset it: giftctl reset)";
     case GIFT_ENODEV:
         return "no such CUDA device (or libgiftclient was built without CUDA)";
     case GIFT_EIO:

@@ -44,7 +44,8 @@ enum gift_error {
     GIFT_EIO = -26,       /* a system call failed (see the log) */
     GIFT_ECONFIG = -27,   /* invalid configuration */
     GIFT_ENODEV = -28,    /* no such CUDA device, or the library was built without CUDA */
-    GIFT_ERR_MIN_ = -29   /* one past the last code; later modules extend below it */
+    GIFT_ERUNID = -29,    /* the shard holds another run's state (GIFT_RUN_ID) */
+    GIFT_ERR_MIN_ = -30   /* one past the last code; later modules extend below it */
 };
 
 /* Returns a static, human-readable sentence for an error code (never NULL). */

@@ -65,11 +65,15 @@ int main(void)
 
     /* Servers, rank and world size come from GIFT_SERVERS, RANK, WORLD_SIZE. */
     if ((rc = gift_client_open(&opts, &c)) < 0) {
-        fprintf(stderr,
-                "push_pull: cannot open the client: %s\n"
-                "  set GIFT_SERVERS=host:port[,host:port...], RANK and WORLD_SIZE,\n"
-                "  e.g. GIFT_SERVERS=127.0.0.1:7070 RANK=0 WORLD_SIZE=1\n",
-                gift_strerror(rc));
+        char why[512];
+        gift_client_last_error(NULL, why, sizeof why);
+        fprintf(stderr, "push_pull: cannot open the client: %s%s%s\n", gift_strerror(rc),
+                why[0] ? ": " : "", why);
+        /* The variables are the likely cause only when no shard was reached
+         * or they are missing; a shard's refusal says its own fix. */
+        if (rc == GIFT_EINVAL || rc == GIFT_ETIMEDOUT)
+            fprintf(stderr, "  set GIFT_SERVERS=host:port[,host:port...], RANK and WORLD_SIZE,\n"
+                            "  e.g. GIFT_SERVERS=127.0.0.1:7070 RANK=0 WORLD_SIZE=1\n");
         goto out;
     }
 

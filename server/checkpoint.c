@@ -501,6 +501,21 @@ void gift_log_remove_others(const char *dir, uint64_t keep)
     closedir(d);
 }
 
+int gift_ckpt_discard(const char *dir, char *err, size_t errlen)
+{
+    static const char *const names[] = {"checkpoint", "checkpoint.tmp"};
+    char path[4200];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (unlink(path) < 0 && errno != ENOENT) {
+            snprintf(err, errlen, "cannot remove %s: %s", path, strerror(errno));
+            return GIFT_EIO;
+        }
+    }
+    gift_log_remove_others(dir, UINT64_MAX);
+    return 0;
+}
+
 int gift_log_replay(const char *dir, uint64_t gen, gift_log_record_cb fn, void *arg, int *torn,
                     char *err, size_t errlen)
 {

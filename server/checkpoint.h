@@ -119,6 +119,12 @@ int gift_log_sync(gift_log_t *l);
 /* Removes every log-<g> of dir with g != keep. */
 void gift_log_remove_others(const char *dir, uint64_t keep);
 
+/* Removes the checkpoint (and a partial one) and every step log of dir, so
+ * that a shard started on it holds no state (giftd --reset). A missing dir
+ * or file is no error. Returns 0, or GIFT_EIO with err set when a file
+ * cannot be removed. */
+int gift_ckpt_discard(const char *dir, char *err, size_t errlen);
+
 /* Calls fn for each intact record of DIR/log-GEN in order. A missing file
  * is an empty log. A torn last record is dropped (the file is truncated to
  * the intact prefix and *torn set); any other damage returns GIFT_EIO with a

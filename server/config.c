@@ -49,6 +49,9 @@ static const gift_config_option_t options[] = {
      FIELD(check_config),
      .help = "Validate the configuration, print it as an INI file (noting where each\n"
              "value came from) and exit; an invalid one is reported with a non-zero exit."},
+    {.name = "reset", .type = GIFT_CONFIG_ACTION, .where = GIFT_CONFIG_IN_FLAG, FIELD(reset),
+     .help = "Discard the state kept in data_dir (checkpoint and step logs) before\n"
+             "starting, so that the shard starts empty and adopts the next run."},
     {.name = "config", .type = GIFT_CONFIG_STRING,
      .where = GIFT_CONFIG_IN_FLAG | GIFT_CONFIG_IN_ENV, FIELD(config), .defval = "",
      .metavar = "FILE",

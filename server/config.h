@@ -106,6 +106,7 @@ typedef struct gift_config {
     bool help;         /* --help / -h: print gift_config_usage() and exit 0 */
     bool version;      /* --version: print the version and exit 0 */
     bool check_config; /* --check-config: print gift_config_dump() and exit */
+    bool reset;        /* --reset: discard data_dir's checkpoint and step logs, then start */
     /* Where each option's value came from, indexed like the option table. */
     gift_config_origin_t origin[GIFT_CONFIG_MAX_OPTIONS];
 } gift_config_t;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "config.h"
 #include "gift_auth.h"
 #include "gift_codec.h"
@@ -83,6 +84,18 @@ int main(int argc, char **argv)
     }
     /* data_dir is created, read and written only with checkpoint_steps > 0
      * (gift_server_new restores from it before listening). */
+    if (c.reset) {
+        if (c.checkpoint_steps > 0 && c.data_dir[0]) {
+            if (gift_ckpt_discard(c.data_dir, err, sizeof err) < 0) {
+                GIFT_LOG_ERROR(0, "--reset: %s", err);
+                return 1;
+            }
+            GIFT_LOG_INFO(0, "--reset: discarded the checkpoint and step logs of %s; this "
+                          "shard starts empty", c.data_dir);
+        } else {
+            GIFT_LOG_INFO(0, "--reset: no persistence (checkpoint_steps 0): nothing to discard");
+        }
+    }
 
     memset(&o, 0, sizeof o);
     o.bind = c.bind;

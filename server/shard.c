@@ -178,6 +178,7 @@ static void store_free(gift_shard_t *s)
     s->tensors = NULL;
     s->nchunks = s->ntensors = 0;
     s->declared = 0;
+    s->run_id[0] = '\0';
 }
 
 void gift_shard_free(gift_shard_t *s)
@@ -416,11 +417,18 @@ int gift__shard_declare_apply(gift_shard_t *s, const Gift__Declare *d, char *why
         snprintf(why, whylen, "out of memory");
         return GIFT_ENOMEM;
     }
+    /* The run id comes from a peer or from disk: bounded before it is kept. */
+    if (d->run_id != NULL && strnlen(d->run_id, RUN_ID_MAX + 1) > RUN_ID_MAX) {
+        snprintf(why, whylen, "its run id is longer than %d bytes", RUN_ID_MAX);
+        free(buf);
+        return GIFT_EPROTO;
+    }
     gift__declare__pack(d, buf);
     if ((rc = store_build(s, d, why, whylen)) < 0) {
         free(buf);
         return rc;
     }
+    snprintf(s->run_id, sizeof s->run_id, "%s", d->run_id ? d->run_id : "");
     s->digest = gift_digest_tensors(d->tensors, d->n_tensors);
     s->placement = placement_sig(d->chunks, d->n_chunks);
     s->decl = buf;
@@ -433,16 +441,40 @@ void gift__shard_store_free(gift_shard_t *s)
     store_free(s);
 }
 
-static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d)
+/* Refuses peer p when the shard holds the state of a run other than p's
+ * (both run ids non-empty): answers GIFT_ERUNID, fatal, with both ids and
+ * the ways to reset, and returns it; 0 when the run ids agree. */
+static int check_run_id(gift_shard_t *s, gift_peer_t *p, const char *run_id)
+{
+    if (s->run_id[0] == '\0' || run_id[0] == '\0' || strcmp(s->run_id, run_id) == 0)
+        return 0;
+    send_error(s, p, GIFT_ERUNID, 1, 0, 0, 0, 0,
+               "shard %u holds the state of run '%s'; this worker presents run '%s' "
+               "(GIFT_RUN_ID): reset the shard with `giftctl reset` (restart giftd with "
+               "--reset) or start it with a fresh data directory",
+               s->o.shard_id, s->run_id, run_id);
+    GIFT_LOG_WARN(p->id, "refused a worker of run '%s': this shard holds run '%s'",
+                  run_id, s->run_id);
+    return GIFT_ERUNID;
+}
+
+static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d_in)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__DeclareAck ack = GIFT__DECLARE_ACK__INIT;
+    /* The Declare as kept: its run id is the sender's Hello's, never the
+     * one the message carries. */
+    Gift__Declare dk = *d_in;
+    const Gift__Declare *d = &dk;
     char why[400] = "";
     uint64_t digest = gift_digest_tensors(d->tensors, d->n_tensors);
     uint64_t sig = placement_sig(d->chunks, d->n_chunks);
     uint8_t want[8];
     int rc;
 
+    dk.run_id = p->run_id;
+    if (check_run_id(s, p, p->run_id) < 0)
+        return GIFT_ERUNID;
     gift_digest_bytes(digest, want);
     if (d->digest.len != 8 || memcmp(d->digest.data, want, 8) != 0) {
         send_error(s, p, GIFT_EDIGEST, 0, 0, 0, 0, 0,
@@ -486,6 +518,8 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
         if (adopt)
             GIFT_LOG_INFO(p->id, "world size %u (from the first Declare, rank %u's Hello)",
                           s->world, p->rank);
+        if (s->run_id[0])
+            GIFT_LOG_INFO(p->id, "run '%s' (from the first Declare)", s->run_id);
         GIFT_LOG_INFO(p->id,
                       "declared %zu tensors, %zu chunks on this shard (%.1f MiB of "
                       "max_memory %.1f MiB)",
@@ -564,8 +598,9 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
         return GIFT_EWORLD;
     }
     if (s->world != 0 && h->world_size != s->world) {
-        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u, the cluster has %u",
-                   h->world_size, s->world);
+        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0,
+                   "world size %u, the cluster has %u: start every worker with WORLD_SIZE=%u",
+                   h->world_size, s->world, s->world);
         return GIFT_EWORLD;
     }
     if (h->rank >= h->world_size) {
@@ -573,6 +608,13 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
                    h->world_size - 1);
         return GIFT_EWORLD;
     }
+    if (h->run_id != NULL && strnlen(h->run_id, RUN_ID_MAX + 1) > RUN_ID_MAX) {
+        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "run id longer than %d bytes", RUN_ID_MAX);
+        return GIFT_EPROTO;
+    }
+    snprintf(p->run_id, sizeof p->run_id, "%s", h->run_id ? h->run_id : "");
+    if (check_run_id(s, p, p->run_id) < 0)
+        return GIFT_ERUNID;
     if (s->declared && h->cluster_digest.len > 0) {
         gift_digest_bytes(s->digest, dg);
         if (h->cluster_digest.len != 8 || memcmp(h->cluster_digest.data, dg, 8) != 0) {
@@ -1033,13 +1075,14 @@ static int handle_stats(gift_shard_t *s, gift_peer_t *p, const Gift__StatsReques
 /* ------------------------------------------------------------------ */
 
 /* A Declare claimed p's rank (gift__claim_rank); a refused first Declare, which
- * fixed nothing, gives the claim back, so that a peer whose Declares fail
+ * fixed nothing, or one of another run, gives the claim back, so that a peer whose Declares fail
  * (or whose Hello named another world) does not keep a rank from its worker. */
 static int declare_claimed(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d)
 {
     int first = !s->declared;
     int rc = handle_declare(s, p, d);
-    if (first && !s->declared && p->claimed && s->by_rank[p->rank] == p) {
+    if (((first && !s->declared) || rc == GIFT_ERUNID) && p->claimed &&
+        s->by_rank[p->rank] == p) {
         s->by_rank[p->rank] = NULL;
         p->claimed = 0;
     }

@@ -18,6 +18,7 @@
 #include "store.h"
 
 #define HEAD_MAX 4096 /* preamble + any header the shard sends, except Stats */
+#define RUN_ID_MAX 64 /* bytes of a run id (Hello.run_id), the terminator not counted */
 
 /* A pull waiting for its step, linked into its chunk's list and its peer's. */
 typedef struct parked {
@@ -41,6 +42,7 @@ struct gift_peer {
     uint32_t world;   /* the world size its Hello gave */
     uint32_t nparked; /* its entries in the parked pool */
     int claimed;      /* it holds s->by_rank[rank]: the rank's one live connection */
+    char run_id[RUN_ID_MAX + 1]; /* its Hello's run id ("" when none) */
 };
 
 struct gift_shard {
@@ -61,6 +63,9 @@ struct gift_shard {
     /* The Declare that built the store, packed, for checkpoints. */
     uint8_t *decl;
     size_t decl_len;
+    /* The run whose state this is: the run id of the first Declare's
+     * sender, kept in decl; "" when none (no check). */
+    char run_id[RUN_ID_MAX + 1];
     /* Persistence (checkpoint_steps > 0): the open step log of generation
      * gen, the step at which the next checkpoint is due, and whether a
      * restore is replaying the log (nothing is logged or answered then). */

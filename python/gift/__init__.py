@@ -203,7 +203,8 @@ class Op:
     raises GiftError if it failed; done() tests without waiting. The buffers
     given to the call are held until completion."""
 
-    def __init__(self, call, keep, callback=None):
+    def __init__(self, call, keep, callback=None, client=None):
+        self._client = client  # for gift_client_last_error when it fails
         self._call = call
         self._keep = keep
         self._ptr = None
@@ -234,7 +235,10 @@ class Op:
             self._ptr = None
             self._keep = None
         if self.status is not None and self.status < 0:
-            raise GiftError(self.status, self._call)
+            h = getattr(self._client, "_h", None)
+            why = _lib.last_error(h) if h is not None and h.value else ""
+            raise GiftError(self.status, self._call,
+                            _lib.strerror(self.status) + (": " + why if why else ""))
         return 0
 
     def done(self):
@@ -258,10 +262,11 @@ class Op:
 class Client:
     """A libgiftclient client: gift_client_open with the given options; what
     is left None comes from the environment (GIFT_SERVERS; GIFT_RANK or RANK;
-    GIFT_WORLD or WORLD_SIZE). Use as a context manager or call close()."""
+    GIFT_WORLD or WORLD_SIZE; GIFT_RUN_ID for run_id). Use as a context manager
+    or call close()."""
 
     def __init__(self, servers=None, rank=None, world_size=None, chunk_bytes=0, timeout_ms=0,
-                 connect_timeout_ms=0, backoff_max_ms=0, seed=0, name=None):
+                 connect_timeout_ms=0, backoff_max_ms=0, seed=0, name=None, run_id=None):
         o = _lib._ClientOpts()
         o.size = ctypes.sizeof(o)
         self._servers = servers.encode() if servers else None
@@ -272,9 +277,14 @@ class Client:
         o.chunk_bytes, o.timeout_ms = int(chunk_bytes), int(timeout_ms)
         o.connect_timeout_ms, o.backoff_max_ms = int(connect_timeout_ms), int(backoff_max_ms)
         o.seed, o.name = int(seed), self._name
+        self._run_id = run_id.encode() if run_id is not None else None
+        o.run_id = self._run_id
         h = ctypes.c_void_p()
-        _lib.check(_lib.lib.gift_client_open(ctypes.byref(o), ctypes.byref(h)),
-                   "gift_client_open")
+        rc = _lib.lib.gift_client_open(ctypes.byref(o), ctypes.byref(h))
+        if rc < 0:
+            why = _lib.last_error(None)
+            raise GiftError(rc, "gift_client_open",
+                            _lib.strerror(rc) + (": " + why if why else ""))
         self._h = h
         self.tensors = []
 
@@ -344,7 +354,7 @@ class Client:
             ptrs.append(p)
             keep.append(k)
         _sync_cuda(keep)
-        op = Op(call, keep, callback)
+        op = Op(call, keep, callback, self)
         h = ctypes.c_void_p()
         if callback is None:
             rc = fn(self._handle(), tid, step, *ptrs, _lib.NULL_CB, None, ctypes.byref(h))

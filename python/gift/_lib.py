@@ -55,6 +55,8 @@ class _ClientOpts(ctypes.Structure):
         ("backoff_max_ms", ctypes.c_uint32),
         ("seed", ctypes.c_uint64),
         ("name", ctypes.c_char_p),
+        ("auth_key_file", ctypes.c_char_p),  # None: $GIFT_AUTH_KEY_FILE
+        ("run_id", ctypes.c_char_p),  # None: $GIFT_RUN_ID
     ]
 
 
@@ -152,6 +154,7 @@ _proto = {
     "gift_op_test": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
     "gift_op_free": (None, [_P]),
     "gift_client_stats": (None, [_P, ctypes.POINTER(_ClientStats)]),
+    "gift_client_last_error": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_size_t]),
 }
 for _name, (_res, _args) in _proto.items():
     _f = getattr(lib, _name)
@@ -172,6 +175,15 @@ def check(rc, call):
     if rc < 0:
         raise GiftError(rc, call)
     return rc
+
+
+def last_error(h=None):
+    """gift_client_last_error(h) as a str: what explained the client's last
+    failure (the shard, its address, the numbers); with h None, the calling
+    thread's last failed gift_client_open. "" when there is nothing."""
+    buf = ctypes.create_string_buffer(512)
+    lib.gift_client_last_error(h, buf, len(buf))
+    return buf.value.decode("utf-8", "replace")
 
 
 def version():

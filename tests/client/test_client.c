@@ -998,8 +998,9 @@ START_TEST(test_timeout)
     o.servers = servers;
     o.rank = 0;
     o.world_size = 2; /* rank 1 never comes */
-    o.timeout_ms = 300;
+    setenv("GIFT_TIMEOUT_MS", "300", 1); /* the operation timeout from the environment */
     ck_assert_int_eq(gift_client_open(&o, &c), 0);
+    unsetenv("GIFT_TIMEOUT_MS");
     t.name = "w";
     t.rows = 4;
     t.cols = 16;
@@ -1015,6 +1016,12 @@ START_TEST(test_timeout)
     dt = now_ms() - t0;
     ck_assert_msg(rc == GIFT_ETIMEDOUT, "pull: %s, want GIFT_ETIMEDOUT", gift_strerror(rc));
     ck_assert_msg(dt >= 250 && dt < 3000, "the pull failed after %.0f ms (timeout 300 ms)", dt);
+    {
+        char why[512];
+        gift_client_last_error(c, why, sizeof why);
+        ck_assert_msg(strstr(why, "300 ms") && strstr(why, "GIFT_TIMEOUT_MS"),
+                      "last error after a timeout: %s", why);
+    }
     gift_op_free(push);
     gift_op_free(pull);
     t0 = now_ms();
@@ -1062,6 +1069,14 @@ START_TEST(test_errors)
     rc = gift_client_open(&o, &c);
     ck_assert_msg(rc == GIFT_ETIMEDOUT, "open: %s", gift_strerror(rc));
     ck_assert_msg(now_ms() - t0 < 3000, "open gave up after %.0f ms", now_ms() - t0);
+    {
+        /* The failure names the server and says "connection refused". */
+        char why[512];
+        ck_assert_int_gt(gift_client_last_error(NULL, why, sizeof why), 0);
+        ck_assert_msg(strstr(why, servers) && strstr(why, "connection refused") &&
+                          strstr(why, "GIFT_SERVERS"),
+                      "last error after a refused connect: %s", why);
+    }
 
     /* The environment, and a world size the shard does not have. */
     daemons_start(1, 2);
@@ -1072,8 +1087,14 @@ START_TEST(test_errors)
     {
         gift_client_opts_t e = GIFT_CLIENT_OPTS_INIT;
         e.connect_timeout_ms = 5000;
+        char why[512];
         rc = gift_client_open(&e, &c);
         ck_assert_msg(rc == GIFT_EWORLD, "open with the wrong world: %s", gift_strerror(rc));
+        /* The numbers, the shard and its address. */
+        gift_client_last_error(NULL, why, sizeof why);
+        ck_assert_msg(strstr(why, "world size 3") && strstr(why, "has 2") &&
+                          strstr(why, "shard 0 (127.0.0.1:"),
+                      "last error after a world mismatch: %s", why);
         setenv("WORLD_SIZE", "2", 1);
         rc = gift_client_open(&e, &c);
         ck_assert_msg(rc == 0, "open from the environment: %s", gift_strerror(rc));

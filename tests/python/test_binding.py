@@ -122,6 +122,26 @@ def _raises(code, fn, *a):
     return e.value
 
 
+def test_open_errors_name_the_server(cluster):
+    # a port nobody listens on: "connection refused" and the address, not a bare timeout
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    addr = f"127.0.0.1:{port}"
+    e = _raises(-22, gift.Client, addr, 0, 1, 0, 0, 300)
+    assert "connection refused" in str(e) and addr in str(e), e
+    # a world size the shard does not have: both numbers and the shard's address
+    cl = cluster(1, 2)
+    e = _raises(-16, gift.Client, cl.servers, 0, 3, 0, 0, 5000)
+    assert "world size 3" in str(e) and "has 2" in str(e) and "shard 0 (127.0.0.1:" in str(e), e
+    # an operation that times out (rank 1 never comes) says after how long and how to set it
+    with gift.Client(cl.servers, 0, 2, 0, 300, 5000) as c:
+        c.declare([gift.Tensor("a", 4, 8)])
+        e = _raises(-22, c.push_pull(0, 0, np.ones((4, 8), np.float32)).wait)
+        assert "300 ms" in str(e) and "GIFT_TIMEOUT_MS" in str(e), e
+
+
 def test_c_errors_are_exceptions(cluster):
     # bad server list: gift_client_open says GIFT_EINVAL
     e = _raises(-1, gift.Client, "no-port-here", 0, 1)

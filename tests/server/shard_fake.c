@@ -262,6 +262,8 @@ int feed(fake_t *fp, Gift__Envelope *env, const void *payload, size_t len)
     return gift_shard_handle(S, fp->p, &f);
 }
 
+const char *g_run_id = "";
+
 int hello_raw(fake_t *fp, uint32_t version, uint32_t rank, uint32_t world, const uint8_t *digest,
               size_t dlen)
 {
@@ -271,6 +273,7 @@ int hello_raw(fake_t *fp, uint32_t version, uint32_t rank, uint32_t world, const
     h.rank = rank;
     h.world_size = world;
     h.client_name = "test_shard";
+    h.run_id = (char *)g_run_id;
     h.cluster_digest.data = (uint8_t *)digest;
     h.cluster_digest.len = dlen;
     env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
@@ -770,6 +773,7 @@ void expect_errors_at(int line, int n, ...)
 void fx_base(void)
 {
     gift_shard_opts_t o;
+    g_run_id = "";
     memset(&o, 0, sizeof o);
     o.shard_id = 0;
     o.num_shards = 1;

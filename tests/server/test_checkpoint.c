@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
 #include "gift_codec.h"
 #include "gift_proto.h"
 #include "log.h"
@@ -288,6 +289,32 @@ START_TEST(test_persist_geometry)
         free(Y[r]);
     free(ysum);
     gift_geometry_free(&ref);
+}
+END_TEST
+
+/* The run id is kept with the declaration: a restarted shard refuses
+ * another run, and once its data directory is discarded (giftd --reset)
+ * it adopts the next one. */
+START_TEST(test_persist_run_id)
+{
+    char why[512];
+    const Gift__Error *e;
+    persist_open_ok(100, 0);
+    g_run_id = "run-a";
+    hello_all();
+    DECLARE_OK(&P[0], STD_T, STD_NT, STD_C, STD_NC);
+    std_step(0, NULL, NULL);
+    persist_open_ok(100, 1);
+    g_run_id = "run-b";
+    ck_assert_int_eq(hello_raw(&P[0], GIFT_PROTOCOL_VERSION, 0, W, NULL, 0), GIFT_ERUNID);
+    e = EXPECT_ERROR(&P[0], GIFT_ERUNID, 1);
+    ck_assert_msg(strstr(e->text, "run-a") && strstr(e->text, "run-b"), "text: %s", e->text);
+    ck_assert_int_eq(gift_ckpt_discard(g_dir, why, sizeof why), 0);
+    persist_open_ok(100, 0);
+    hello_all();
+    DECLARE_OK(&P[0], STD_T, STD_NT, STD_C, STD_NC);
+    std_step(0, NULL, NULL);
+    QUIET_ALL();
 }
 END_TEST
 
@@ -563,6 +590,7 @@ static Suite *checkpoint_suite(void)
     tcase_add_checked_fixture(persist, fx_persist, fx_persist_teardown);
     tcase_set_timeout(persist, 60);
     tcase_add_test(persist, test_persist_round_trip);
+    tcase_add_test(persist, test_persist_run_id);
     tcase_add_test(persist, test_persist_geometry);
     tcase_add_test(persist, test_persist_pull_ef);
     tcase_add_test(persist, test_persist_geometry_decay);

@@ -2115,6 +2115,46 @@ START_TEST(test_pull_ef_epoch)
 }
 END_TEST
 
+/* Asserts that peer fp was refused with GIFT_ERUNID and a text naming the
+ * run held, the run presented and the reset. */
+static void expect_run_refused(fake_t *fp, const char *held, const char *presented)
+{
+    const Gift__Error *e = EXPECT_ERROR(fp, GIFT_ERUNID, 1);
+    ck_assert_msg(e->text && strstr(e->text, held) && strstr(e->text, presented) &&
+                      strstr(e->text, "giftctl reset") && strstr(e->text, "data directory"),
+                  "run-id refusal text: %s", e->text ? e->text : "(none)");
+}
+
+/* The first Declare's sender fixes the run; a Hello of another run is then
+ * refused, one without a run id is not; a Hello alone fixes nothing. */
+START_TEST(test_run_id)
+{
+    char longid[80];
+    g_run_id = "run-b"; /* a Hello of run b before any Declare fixes nothing */
+    HELLO(&P[4], 1, W);
+    g_run_id = "run-a";
+    HELLO(&P[0], 0, W);
+    DECLARE_OK(&P[0], STD_T, STD_NT, STD_C, STD_NC);
+    /* The early peer of run b cannot declare into run a. */
+    ck_assert_int_eq(declare_raw(&P[4], STD_T, STD_NT, STD_C, STD_NC, 0, 0), GIFT_ERUNID);
+    expect_run_refused(&P[4], "run-a", "run-b");
+    g_run_id = "run-b";
+    ck_assert_int_eq(hello_raw(&P[5], GIFT_PROTOCOL_VERSION, 1, W, NULL, 0), GIFT_ERUNID);
+    expect_run_refused(&P[5], "run-a", "run-b");
+    g_run_id = ""; /* an old client or a manual run: no check */
+    HELLO(&P[1], 1, W);
+    g_run_id = "run-a";
+    HELLO(&P[2], 2, W);
+    DECLARE_OK(&P[2], STD_T, STD_NT, STD_C, STD_NC);
+    memset(longid, 'x', sizeof longid - 1);
+    longid[sizeof longid - 1] = '\0';
+    g_run_id = longid;
+    ck_assert_int_eq(hello_raw(&P[6], GIFT_PROTOCOL_VERSION, 3, W, NULL, 0), GIFT_EPROTO);
+    EXPECT_ERROR(&P[6], GIFT_EPROTO, 1);
+    QUIET_ALL();
+}
+END_TEST
+
 static Suite *shard_suite(void)
 {
     Suite *s = suite_create("shard");
@@ -2127,6 +2167,7 @@ static Suite *shard_suite(void)
 
     tcase_add_checked_fixture(hello, fx_base, fx_teardown);
     tcase_add_test(hello, test_hello_ack);
+    tcase_add_test(hello, test_run_id);
     tcase_add_test(hello, test_hello_version);
     tcase_add_test(hello, test_hello_world);
     tcase_add_test(hello, test_hello_world_configured);

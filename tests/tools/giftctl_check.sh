@@ -9,7 +9,8 @@
 #  3. `giftctl stats --json`, `ping`, `ping --ready` answer; promtool accepts
 #     a /metrics scrape taken in this state (tensors declared, a step
 #     waiting), which tests/server/metrics_check.sh does not reach.
-#  4. Exit codes: 2 for usage errors, 1 for a shard that does not answer.
+#  4. Exit codes: 2 for usage errors, 1 for a shard that does not answer;
+#     a dead shard is named by its protocol port, with the --servers fix.
 #  5. Against a shard with an auth_key_file: status without the key, or with
 #     a wrong one, fails naming the reason; with the key it answers. (Skipped
 #     with a note when this giftd cannot start with a key.)
@@ -122,6 +123,13 @@ set -e
 [[ $rc -eq 1 ]] || fail "dead shard status: want exit 1, got $rc"
 "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); assert not d["ok"] and d["shards"][0]["error"]' "$work/dead.json" ||
     fail "dead shard status --json: $(cat "$work/dead.json")"
+# A wrong --servers (no --world) names the shard's own port and the fix, not
+# the HTTP port next to it or --world.
+set +e
+out=$("$giftctl" --servers 127.0.0.1:1 --timeout 2 status 2>&1)
+set -e
+[[ $out == *"127.0.0.1:1"*"refused"*"--servers"* && $out != *"127.0.0.1:2"* && $out != *"--world"* ]] ||
+    fail "dead shard status names the wrong port or fix: $out"
 # 5. Authentication.
 umask 077
 head -c 32 /dev/urandom | base64 >"$work/key"

@@ -22,7 +22,8 @@
  *
  * Errors: functions return 0 or a negative code of gift_error.h;
  * gift_strerror names each one. An operation that cannot complete within
- * its timeout fails with GIFT_ETIMEDOUT instead of hanging.
+ * its timeout fails with GIFT_ETIMEDOUT instead of hanging (timeout_ms, else
+ * $GIFT_TIMEOUT_MS, else 60 s); gift_client_last_error says which shard failed.
  *
  * Versioning: the header and the library follow semantic versioning; the
  * SONAME carries the major version. Structs passed in carry their own size
@@ -67,7 +68,7 @@ typedef struct gift_client_opts {
     int rank;                  /* -1: $GIFT_RANK, else $RANK */
     int world_size;            /* 0: $GIFT_WORLD, else $WORLD_SIZE */
     uint64_t chunk_bytes;      /* largest chunk in FP32 bytes; 0: 4 MiB */
-    uint32_t timeout_ms;       /* per operation; 0: 60000 */
+    uint32_t timeout_ms;       /* per operation; 0: $GIFT_TIMEOUT_MS, else 60000 */
     uint32_t connect_timeout_ms; /* giving up on reaching a shard; 0: 30000 */
     uint32_t backoff_max_ms;   /* reconnect backoff cap; 0: 2000 */
     uint64_t seed;             /* stochastic rounding and epoch-0 bases; 0: 1 */
@@ -76,18 +77,35 @@ typedef struct gift_client_opts {
      * empty: no authentication. With a key the client proves it at Hello and refuses any
      * shard that does not prove it back; the file must not be readable by other users. */
     const char *auth_key_file;
+    /* The run this worker belongs to, at most 64 bytes, presented at every Hello: NULL:
+     * $GIFT_RUN_ID (giftrun sets a fresh one per run); unset or empty: no check. A shard
+     * holding another run's state refuses the client (GIFT_ERUNID). The string is the
+     * caller's and is copied by gift_client_open. Added after auth_key_file: a caller built
+     * against an older header (smaller size) gets $GIFT_RUN_ID. */
+    const char *run_id;
 } gift_client_opts_t;
 
-#define GIFT_CLIENT_OPTS_INIT {sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL, NULL}
+#define GIFT_CLIENT_OPTS_INIT \
+    {sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL}
 
 /* Opens a client: reads what opts leaves unset from the environment, starts
  * the I/O thread and connects to every shard (Hello). Returns 0 and *out, or
  * GIFT_EINVAL (bad or missing servers/rank/world), GIFT_ETIMEDOUT (a shard
  * could not be reached within connect_timeout_ms), GIFT_EWORLD, GIFT_ENOMEM,
+ * GIFT_ERUNID (a shard holds another run's state), GIFT_EINVAL (a run id above 64 bytes),
  * GIFT_EAUTH (the key file is unusable, said on stderr; a shard refused the
  * key, or it requires one and none is set; a shard failed to prove the key).
  * On error *out is NULL and nothing is left running. */
 int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out);
+
+/* Copies into buf (len bytes, always terminated) the sentence that explained
+ * the client's last failure: the shard's index, address and Error text, or
+ * what was expected and found (world size, connection refused, ...); "" when
+ * nothing failed. With c NULL: the last failed gift_client_open of the
+ * calling thread. The sentence also went to stderr when it happened. Returns
+ * its length (it may have been cut to fit), or GIFT_EINVAL (buf NULL or len
+ * 0). Any thread. */
+int gift_client_last_error(gift_client_t *c, char *buf, size_t len);
 
 /* Closes the client: waits for operations in flight (up to their timeout),
  * stops the I/O thread, frees everything. NULL is allowed. */
