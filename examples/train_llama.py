@@ -528,14 +528,13 @@ def main(argv=None):
     if state:
         state.close()
     dist.destroy_process_group()
+    # Leave now, before main's locals go: freeing DDP's reducer drops its
+    # gloo group, whose destructor joins a gloo thread that may be waiting
+    # for the GIL this thread holds (seen: a worker hung after its last step).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
     main()
-    # Skip the interpreter's teardown: there the last reference to DDP's
-    # reducer can drop its gloo group, whose destructor joins a gloo thread
-    # that waits for the GIL the dying main thread holds (seen: a worker
-    # hung at exit after every step was done).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -7,6 +7,7 @@
 #              [--rate MBIT] [--delay MS] [--mtu BYTES] [--seed N] [--steps N]
 #              [--max-seconds T] [--build DIR] [-- train_llama args...]
 #   cluster.sh --clean        remove what killed runs left behind, and exit
+#   cluster.sh --check        exit 0 where namespaces can be made, else 77
 #
 # The cluster: W worker hosts (w0..) and S server hosts (s0..), one network
 # namespace each, every host's eth0 a veth to one bridge (in a namespace of
@@ -91,6 +92,13 @@ need_privilege() {
 if [[ ${1:-} == --reap ]]; then
     while kill -0 "$2" 2>/dev/null; do sleep 0.2; done
     gnc_clean_tag "$3"
+    exit 0
+fi
+if [[ ${1:-} == --check ]]; then
+    need_privilege
+    probe=$prefix$$probe
+    ip netns add "$probe" 2>/dev/null || skip "cannot create a network namespace here"
+    ip netns del "$probe"
     exit 0
 fi
 if [[ ${1:-} == --clean ]]; then

@@ -11,7 +11,7 @@
 #          [--max-seconds T (per piece, default 900)]
 #          [--calibrate-only] [--report] [-- train_llama args...]
 #
-# Calibration (once per DIR, DIR/calibration.json): a compute-only step
+# Calibration (once per DIR, DIR/calibration.json, for the --links asked): a compute-only step
 # (--comm none: DDP without communication, W workers on unshaped links) is
 # timed; the bytes an f32 ring allreduce sends per worker and step,
 # 2 (W-1)/W * 4 * params, set the rate at which that allreduce would take
@@ -29,6 +29,7 @@
 # refreshes its geometry every 50 steps. The default model: dim 128, 2
 # layers, 4 heads, sequence 64, batch 8 per worker (0.47M parameters), 300
 # steps, validation every 10 steps on 4 batches.
+# Exits 77 (nothing run) where network namespaces cannot be made.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -103,7 +104,7 @@ calibrate() {
              "$c/compute/summary.json")
     bytes=$("$py" -c "print(2 * ($workers - 1) / $workers * 4 * $params)")
     local -A want=([starved]=3 [paper]=0.5) rate0=() meas=() rate1=()
-    for l in starved paper; do
+    for l in $links; do
         rate0[$l]=$("$py" -c "print(max(1, round($bytes * 8 / (${want[$l]} * $tc) / 1e6)))")
         "${cluster[@]}" --out "$c/$l" --arm ddp-allreduce --rate "${rate0[$l]}" --delay "$delay" \
             --steps 30 -- "${train[@]}" >/dev/null
@@ -114,17 +115,24 @@ comm = max(1e-4, ${meas[$l]} - $tc)
 print(max(1, round(${rate0[$l]} * comm / (${want[$l]} * $tc))))")
         echo "   $l: ${rate0[$l]} Mbit/s gave a ${meas[$l]} s step (compute $tc s); now ${rate1[$l]} Mbit/s"
     done
-    cat >"$out/calibration.json" <<EOF
-{"compute_step_s": $tc, "params": $params, "f32_allreduce_bytes_per_worker": $bytes,
- "workers": $workers, "delay_ms": $delay, "date": "$(date -u +%FT%TZ)",
- "nproc": $(env -u OMP_NUM_THREADS nproc), "cpu": "$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)",
- "starved": {"comm_x_compute_wanted": 3, "rate_first_mbit": ${rate0[starved]},
-             "ddp_allreduce_step_s_at_first": ${meas[starved]}, "rate_mbit": ${rate1[starved]}},
- "paper": {"comm_x_compute_wanted": 0.5, "rate_first_mbit": ${rate0[paper]},
-           "ddp_allreduce_step_s_at_first": ${meas[paper]}, "rate_mbit": ${rate1[paper]}}}
-EOF
+    {
+        printf '{"compute_step_s": %s, "params": %s, "f32_allreduce_bytes_per_worker": %s,\n' \
+            "$tc" "$params" "$bytes"
+        printf ' "workers": %s, "delay_ms": %s, "date": "%s", "nproc": %s, "cpu": "%s"' \
+            "$workers" "$delay" "$(date -u +%FT%TZ)" "$(env -u OMP_NUM_THREADS nproc)" \
+            "$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
+        for l in $links; do
+            printf ',\n "%s": {"comm_x_compute_wanted": %s, "rate_first_mbit": %s,' \
+                "$l" "${want[$l]}" "${rate0[$l]}"
+            printf ' "ddp_allreduce_step_s_at_first": %s, "rate_mbit": %s}' "${meas[$l]}" "${rate1[$l]}"
+        done
+        printf '}\n'
+    } >"$out/calibration.json"
 }
 
+if [[ $report == 0 ]]; then
+    bench/netcluster/cluster.sh --check
+fi
 calibrate
 [[ $calibrate_only == 1 ]] && exit 0
 if [[ $report == 0 ]]; then

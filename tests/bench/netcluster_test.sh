@@ -76,24 +76,26 @@ sys.exit(0 if len(rows) == 4 and gw > 0 and abs(nd / gw - 1) <= 0.05 else 1)
 EOF
 done
 
-# started DIR: waits (up to 30 s) until both workers and the shard have started.
-started() {
+# start_long DIR: a long f32 run in the background; once both workers have
+# started, sets $pid (the harness) and $inside (every process in its namespaces).
+start_long() {
+    local d=$1 ns
+    "$cl" --arm f32 --out "$d" --build "$build" --workers 2 --servers 1 --steps 100000 \
+        --rate 200 -- "${model[@]}" >"$d.log" 2>&1 &
+    pid=$!
     for _ in $(seq 1 300); do
-        [[ $(grep -c '^worker ' "$1/pids" 2>/dev/null) == 2 ]] && return 0
+        [[ $(grep -c '^worker ' "$d/pids" 2>/dev/null) == 2 ]] && break
         sleep 0.1
     done
-    fail "the run in $1 did not start its workers"
+    [[ $(grep -c '^worker ' "$d/pids" 2>/dev/null) == 2 ]] || fail "the run in $d did not start its workers"
+    sleep 1
+    inside=$(for ns in $(ip netns list | awk '{print $1}' | grep "^gnc$pid"); do ip netns pids "$ns"; done)
+    [[ -n $inside ]] || fail "no process in the namespaces of run $pid"
 }
 
 # --- 2. SIGKILL of the harness ---------------------------------------------
 d="$work/killed"
-"$cl" --arm f32 --out "$d" --build "$build" --workers 2 --servers 1 --steps 100000 \
-    --rate 200 -- "${model[@]}" >"$work/killed.log" 2>&1 &
-pid=$!
-started "$d"
-sleep 1
-inside=$(for ns in $(ip netns list | awk '{print $1}' | grep "^gnc$pid"); do ip netns pids "$ns"; done)
-[[ -n $inside ]] || fail "no process in the namespaces of run $pid"
+start_long "$d"
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null || true
 left=$(wait_gone "gnc$pid" "$d" "$inside")
@@ -102,11 +104,7 @@ echo "netcluster_test: SIGKILL of the harness: its watchdog removed everything"
 
 # --- 3. Harness and watchdog killed: the next start cleans up --------------
 d="$work/orphan"
-"$cl" --arm f32 --out "$d" --build "$build" --workers 2 --servers 1 --steps 100000 \
-    --rate 200 -- "${model[@]}" >"$work/orphan.log" 2>&1 &
-pid=$!
-started "$d"
-inside=$(for ns in $(ip netns list | awk '{print $1}' | grep "^gnc$pid"); do ip netns pids "$ns"; done)
+start_long "$d"
 kill -KILL "$(awk '$1 == "watchdog" {print $2}' "$d/pids")" "$pid"
 wait "$pid" 2>/dev/null || true
 sleep 0.5
