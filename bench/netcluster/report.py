@@ -4,7 +4,7 @@ bench/netcluster/report.py: assemble whatever pieces of bench/netcluster/run.sh
 exist into per-arm JSON and CSV, one PNG of validation loss against wall
 time per link setting, a markdown table and the issue's targets.
 
-    report.py [--out DIR] [--quiet]
+    report.py [--out DIR] [--seeds "1 2"] [--quiet]
 
 Reads DIR/calibration.json and DIR/<link>/<arm>/s<seed>/{log.csv,
 summary.json,cluster.json}; writes DIR/report/: <link>/<arm>.json (the
@@ -109,14 +109,18 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/out/netcluster")
     ap.add_argument("--quiet", action="store_true", help="write the files, print nothing")
+    ap.add_argument("--seeds", help="only these seeds (e.g. \"1\"); the files go to "
+                                    "DIR/report-s<seeds> instead of DIR/report")
     args = ap.parse_args(argv)
+    only = {int(x) for x in args.seeds.replace(",", " ").split()} if args.seeds else None
     calib = {}
     try:
         with open(os.path.join(args.out, "calibration.json")) as fh:
             calib = json.load(fh)
     except (OSError, ValueError):
         pass
-    rep_dir = os.path.join(args.out, "report")
+    rep_dir = os.path.join(args.out, "report" + (
+        "-s" + "".join(str(x) for x in sorted(only)) if only else ""))
     os.makedirs(rep_dir, exist_ok=True)
     report = {"calibration": calib, "links": {}}
     md = []
@@ -143,7 +147,7 @@ def main(argv=None):
                 continue
             pieces = [p for p in (load_piece(os.path.join(adir, s)) for s in sorted(os.listdir(adir))
                                   if s.startswith("s") and os.path.isdir(os.path.join(adir, s)))
-                      if p]
+                      if p and (only is None or p["seed"] in only)]
             if pieces:
                 arms[arm] = pieces
         if not arms:
@@ -277,8 +281,17 @@ def targets(report):
     def a(link, arm, key):
         return report["links"].get(link, {}).get("arms", {}).get(arm, {}).get(key)
 
-    def verdict(v, bound, at_most=True):
+    def unreached(link, arm):
+        x = report["links"].get(link, {}).get("arms", {}).get(arm)
+        if x is None or not x["paired_seeds"]:
+            return "–"
+        return f"target reached on {x['reached_target']} of {x['paired_seeds']} seeds"
+
+    def verdict(v, bound, at_most=True, arm=None):
         if v is None:
+            # Measured, but the target was not reached on every seed.
+            if arm and unreached(*arm) != "–":
+                return "not met"
             return "not measured"
         return "met" if (v <= bound if at_most else v >= bound) else "not met"
 
@@ -288,12 +301,14 @@ def targets(report):
     present = [link for link in LINKS if link in report["links"]]
     for link, bound in [(lk, b) for lk, b in (("starved", 0.4), ("paper", 0.8)) if lk in present]:
         r = a(link, "nvfp4-gift", "ttt_x_ddp_allreduce")
-        rows.append((f"{link}: nvfp4-gift time to target / ddp-allreduce's", fmt(r, "{:.2f}x"),
-                     f"<= {bound}x", verdict(r, bound)))
+        rows.append((f"{link}: nvfp4-gift time to target / ddp-allreduce's",
+                     fmt(r, "{:.2f}x", unreached(link, "nvfp4-gift")), f"<= {bound}x",
+                     verdict(r, bound, arm=(link, "nvfp4-gift"))))
     if "starved" in present:
         r = a("starved", "nvfp4-gift", "ttt_x_limit")
         rows.append(("starved: nvfp4-gift time to target / compute-only limit",
-                     fmt(r, "{:.2f}x"), "<= 1.3x", verdict(r, 1.3)))
+                     fmt(r, "{:.2f}x", unreached("starved", "nvfp4-gift")), "<= 1.3x",
+                     verdict(r, 1.3, arm=("starved", "nvfp4-gift"))))
     for link in present:
         best = None
         for g in GIFTD_ARMS:
@@ -303,9 +318,13 @@ def targets(report):
         for base in ("ddp-fp16", "ddp-powersgd", "ddp-powersgd-match"):
             tb = a(link, base, "time_to_target_s")
             have_base = link in report["links"] and base in report["links"][link]["arms"]
-            if best is None or not have_base:
+            have_gift = any(g in report["links"][link]["arms"] for g in GIFTD_ARMS)
+            if not have_base or not have_gift:
                 v = "not measured"
                 shown = "–"
+            elif best is None:
+                v = "not met" if tb is not None else "neither reached it on every seed"
+                shown = f"no giftd arm reached it on every seed; {base} {fmt(tb, '{:.1f} s')}"
             elif tb is None:
                 v, shown = "met", f"{best[0]} {best[1]:.1f} s; {base} did not reach it"
             else:
@@ -330,7 +349,10 @@ def targets(report):
                 rows.append((f"{link}: {arm} eth0 bytes vs giftd accounting",
                              f"{x['netdev_over_giftd'] - 1:+.2%}", "within 5%", verdict(r, 0.05)))
     out = ["### Targets", "", "| figure | measured | needed | verdict |", "|---|---|---|---|"]
-    out += [f"| {f} | {m} | {n} | {v} |" for f, m, n, v in rows]
+    out += [f"| {f} | {m} | {n} | {v} |" for f, m, n, v in rows if v != "not measured"]
+    missing = [f for f, _, _, v in rows if v == "not measured"]
+    if missing:
+        out += ["", f"not measured (an arm they need was not run): {'; '.join(missing)}"]
     return out + [""]
 
 
