@@ -124,7 +124,7 @@ while [[ $# -gt 0 ]]; do
         --max-seconds) max_seconds=$2; shift 2 ;;
         --build) build=$2; shift 2 ;;
         --) shift; extra=("$@"); break ;;
-        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "netcluster: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done

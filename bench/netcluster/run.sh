@@ -11,6 +11,9 @@
 #          [--max-seconds T (per piece, default 900)]
 #          [--calibrate-only] [--report] [-- train_llama args...]
 #
+# --calibrate-only stops after the calibration; --report runs nothing and
+# only assembles what exists (bench/netcluster/report.py --out DIR).
+#
 # Calibration (once per DIR, DIR/calibration.json, for the --links asked): a compute-only step
 # (--comm none: DDP without communication, W workers on unshaped links) is
 # timed; the bytes an f32 ring allreduce sends per worker and step,
@@ -66,7 +69,7 @@ while [[ $# -gt 0 ]]; do
         --calibrate-only) calibrate_only=1; shift ;;
         --report) report=1; shift ;;
         --) shift; extra=("$@"); break ;;
-        -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -132,10 +135,8 @@ print(max(1, round(${rate0[$l]} * comm / (${want[$l]} * $tc))))")
 
 if [[ $report == 0 ]]; then
     bench/netcluster/cluster.sh --check
-fi
-calibrate
-[[ $calibrate_only == 1 ]] && exit 0
-if [[ $report == 0 ]]; then
+    calibrate
+    [[ $calibrate_only == 1 ]] && exit 0
     for seed in $seeds; do
         for l in $links; do
             rate=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["rate_mbit"])' \
