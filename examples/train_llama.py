@@ -20,6 +20,14 @@ f32 | bf16 | fp8 | fp8-gift | nvfp4 | nvfp4-gift ("-gift": the GIFT geometry on
 every nn.Linear weight with at least 64 inputs and --gift-min elements; all
 other tensors Euclidean, in the same format).
 
+The baselines a user already has run from the same script, on the same
+model, data and schedule, without giftd (no GIFT_SERVERS needed):
+ddp-allreduce (DDP on gloo without a hook: PyTorch's default), ddp-fp16
+(PyTorch's fp16_compress_hook) and ddp-powersgd (PyTorch's PowerSGD hook,
+rank --powersgd-rank; "match-nvfp4" picks the rank whose bytes per step are
+nearest nvfp4's through giftd). --comm none sends nothing (each worker
+trains on its own gradient): it measures the compute-only step.
+
 Run it with giftrun, which starts the shards and the workers together and
 sets every variable (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 GIFT_SERVERS):
@@ -35,7 +43,9 @@ Debian's torch 1.13 fails on Python 3.11 before starting any worker
 
 Rank 0 prints progress and, with --out DIR, writes DIR/log.csv (per step:
 train loss averaged over the workers, validation loss every --val-every
-steps, wire bytes of this worker, step time) and DIR/summary.json. --dump
+steps, wire bytes of this worker, step time, the worker's CPU seconds and,
+with --netdev IF, the bytes IF sent and received during the step) and
+DIR/summary.json. --dump
 writes, at --dump-steps, each worker's local gradient and the input
 covariance X^T X / n of the --dump-layers (default: every nn.Linear) as raw
 float32 files for `gift-bench fidelity --grad ... --cov ...`.
@@ -55,6 +65,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import gift.torch  # noqa: E402
+
+# --comm names that do not go through giftd: PyTorch's own DDP communication.
+DDP_COMMS = ("ddp-allreduce", "ddp-fp16", "ddp-powersgd", "none")
 
 
 # --------------------------------------------------------------------- model
@@ -215,12 +228,85 @@ def batch(data, starts, seq):
     return w[:, :-1], w[:, 1:]
 
 
+# ------------------------------------------------------------ communication
+
+def powersgd_match_rank(model, nvfp4_bits=4.5):
+    """The PowerSGD rank whose bytes per step are nearest nvfp4's through
+    giftd: PowerSGD sends r * (rows + cols) f32 values per compressed matrix
+    (P and Q) and every other tensor in f32; nvfp4 sends every element in
+    about nvfp4_bits bits each way."""
+    mats, other, total = [], 0, 0
+    for p in model.parameters():
+        total += p.numel()
+        if p.dim() >= 2:
+            mats.append((p.shape[0], p.numel() // p.shape[0]))
+        else:
+            other += p.numel()
+    target = total * nvfp4_bits / 8
+    best, best_err = 1, None
+    for r in range(1, 257):
+        # PowerSGD keeps a matrix uncompressed when compression would save < 2x.
+        b = 4 * (other + sum(r * (m + n) if m * n >= 2 * r * (m + n) else m * n
+                             for m, n in mats))
+        err = abs(b - target)
+        if best_err is None or err < best_err:
+            best, best_err = r, err
+    return best
+
+
+def _no_comm_hook(state, bucket):
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def setup_ddp_comm(ddp, model, args):
+    """Registers PyTorch's hook for a DDP_COMMS arm; returns its description."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if args.comm == "ddp-allreduce":
+        return "DDP allreduce on gloo (no hook)"
+    if args.comm == "ddp-fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return "DDP fp16_compress_hook"
+    if args.comm == "none":
+        ddp.register_comm_hook(None, _no_comm_hook)
+        return "no communication (compute-only step)"
+    r = powersgd_match_rank(model) if args.powersgd_rank == "match-nvfp4" \
+        else int(args.powersgd_rank)
+    args.powersgd_rank_used = r
+    st = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=r,
+                                     start_powerSGD_iter=args.powersgd_start,
+                                     random_seed=args.seed)
+    ddp.register_comm_hook(st, powerSGD_hook.powerSGD_hook)
+    return f"DDP powerSGD_hook rank {r}, plain allreduce for the first {args.powersgd_start} steps"
+
+
+def netdev_bytes(dev):
+    """tx + rx bytes of interface dev so far (None without dev)."""
+    if not dev:
+        return None
+    tot = 0
+    for k in ("tx_bytes", "rx_bytes"):
+        with open(f"/sys/class/net/{dev}/statistics/{k}") as fh:
+            tot += int(fh.read())
+    return tot
+
+
 # ---------------------------------------------------------------------- main
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--comm", default="f32", choices=list(gift.torch.COMMS))
+    p.add_argument("--comm", default="f32", choices=list(gift.torch.COMMS) + list(DDP_COMMS))
+    p.add_argument("--powersgd-rank", default="1",
+                   help="ddp-powersgd: matrix approximation rank (PyTorch's default 1), or "
+                        "match-nvfp4")
+    p.add_argument("--powersgd-start", type=int, default=10,
+                   help="ddp-powersgd: steps of plain allreduce before compressing")
+    p.add_argument("--netdev", help="count this interface's tx+rx bytes per step "
+                                    "(/sys/class/net/IF/statistics)")
+    p.add_argument("--time-limit", type=float, default=0,
+                   help="stop after this many seconds of training (0: no limit)")
     p.add_argument("--optim", default="muon", choices=["muon", "adamw"])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
@@ -274,20 +360,37 @@ def main(argv=None):
     model = Llama(args.dim, args.layers, args.heads, seq=args.seq)
     nparams = sum(p.numel() for p in model.parameters())
 
-    policy = gift.torch.Policy.from_comm(args.comm, refresh=args.refresh, rank=args.gift_rank,
-                                         min_numel=args.gift_min,
-                                         error_feedback=False if args.no_ef else None,
-                                         pull_error_feedback=False if args.no_pull_ef else None,
-                                         overrides={"*": {"pull_codec": args.pull_codec}}
-                                         if args.pull_codec else None)
-    state = gift.torch.GiftState(model, policy=policy, seed=args.seed, timeout_ms=args.timeout_ms)
-    ddp = nn.parallel.DistributedDataParallel(model)
-    ddp.register_comm_hook(state, gift.torch.comm_hook)
+    args.powersgd_rank_used = None
+    if args.comm == "ddp-powersgd":
+        # One bucket: PowerSGD chains a second allreduce (Q) onto each bucket's
+        # first (P) from gloo's own threads, so with two buckets in flight the
+        # ranks can issue their collectives in different orders (measured: a
+        # gloo size mismatch at the first compressed step).
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model)
+    if args.comm in DDP_COMMS:
+        state = None
+        how = setup_ddp_comm(ddp, model, args)
+    else:
+        policy = gift.torch.Policy.from_comm(args.comm, refresh=args.refresh,
+                                             rank=args.gift_rank, min_numel=args.gift_min,
+                                             error_feedback=False if args.no_ef else None,
+                                             pull_error_feedback=False if args.no_pull_ef
+                                             else None,
+                                             overrides={"*": {"pull_codec": args.pull_codec}}
+                                             if args.pull_codec else None)
+        state = gift.torch.GiftState(model, policy=policy, seed=args.seed,
+                                    timeout_ms=args.timeout_ms)
+        ddp.register_comm_hook(state, gift.torch.comm_hook)
+        how = f"giftd, libgiftclient {gift.version()}"
     opts = make_optimizers(model, args)
     log(f"train_llama: {nparams / 1e6:.2f}M parameters, {world} workers, comm {args.comm}, "
         f"optim {args.optim}, {len(train) / 1e6:.1f} MB train / {len(val) / 1e6:.2f} MB val, "
-        f"libgiftclient {gift.version()}")
-    log(state.describe() if not args.quiet else "")
+        f"{how}")
+    if state is not None and not args.quiet:
+        log(state.describe())
 
     # This worker's shard of the training bytes, and its own sampler.
     shard = len(train) // world
@@ -298,6 +401,8 @@ def main(argv=None):
     vstarts = torch.randint(0, len(val) - args.seq - 1, (args.val_batches * args.batch,),
                             generator=vgen)[rank::world]
 
+    if args.dump and state is None:
+        sys.exit(f"train_llama: --dump needs a giftd --comm, not {args.comm}")
     dump_steps = {int(s) for s in args.dump_steps.split(",") if s}
     dump_layers = [s for s in args.dump_layers.split(",") if s] if args.dump else []
     captured = {}
@@ -341,11 +446,15 @@ def main(argv=None):
     if args.out and rank == 0:
         os.makedirs(args.out, exist_ok=True)
         csv = open(os.path.join(args.out, "log.csv"), "w", buffering=1)  # line-buffered
-        csv.write("step,train_loss,val_loss,wire_bytes,step_s,lr_factor\n")
+        csv.write("step,train_loss,val_loss,wire_bytes,step_s,lr_factor,cpu_s,netdev_bytes,"
+                  "train_s\n")
     val_loss = None
+    train_s = 0.0  # wall time in training steps (validation excluded)
     for step in range(args.steps):
         t0 = time.perf_counter()
-        b0 = state.wire_bytes()
+        c0 = time.process_time()
+        n0 = netdev_bytes(args.netdev)
+        b0 = state.wire_bytes() if state else 0
         f = lr_factor(step, args)
         for o in opts:
             for g in o.param_groups:
@@ -358,7 +467,9 @@ def main(argv=None):
         loss.backward()
         for o in opts:
             o.step()
-        wire = state.wire_bytes() - b0
+        wire = state.wire_bytes() - b0 if state else None
+        # Read before the loss all_reduce below: only the gradients' traffic.
+        nd = netdev_bytes(args.netdev) - n0 if args.netdev else None
         if captured and step in dump_steps:
             d = os.path.join(args.dump, f"step{step}")
             os.makedirs(d, exist_ok=True)
@@ -374,37 +485,63 @@ def main(argv=None):
         dist.all_reduce(lt)
         train_loss = lt.item() / world
         dt = time.perf_counter() - t0
+        cpu = time.process_time() - c0
+        train_s += dt
+        # Every rank decides to stop together (rank 0's clock).
+        stop = torch.tensor([1 if args.time_limit and train_s >= args.time_limit else 0])
+        if args.time_limit:
+            dist.broadcast(stop, 0)
         vl = None
-        if (step + 1) % args.val_every == 0 or step + 1 == args.steps:
+        if (step + 1) % args.val_every == 0 or step + 1 == args.steps or stop.item():
             vl = val_loss = evaluate()
+            shown = nd if wire is None else wire
             log(f"step {step + 1:5d}  train {train_loss:.4f}  val {vl:.4f}  "
-                f"wire {wire / 1e6:.2f} MB/step  {dt * 1e3:.0f} ms/step")
+                f"wire {(shown or 0) / 1e6:.2f} MB/step  {dt * 1e3:.0f} ms/step")
         if not math.isfinite(train_loss):
             sys.exit(f"train_llama: loss is {train_loss} at step {step}")
-        rows.append((train_loss, wire, dt))
+        rows.append((train_loss, wire or 0, dt, cpu, nd))
         if csv:
             csv.write(f"{step + 1},{train_loss:.6f},{'' if vl is None else f'{vl:.6f}'},"
-                      f"{wire},{dt:.4f},{f:.4f}\n")
+                      f"{'' if wire is None else wire},{dt:.4f},{f:.4f},{cpu:.4f},"
+                      f"{'' if nd is None else nd},{train_s:.4f}\n")
+        if stop.item():
+            log(f"train_llama: --time-limit {args.time_limit} s reached at step {step + 1}")
+            break
     elapsed = time.perf_counter() - t_start
-    stats = state.stats()
+    stats = state.stats() if state else {"epochs_switched": 0}
     summary = {
         "comm": args.comm, "pull_codec": args.pull_codec,
         "pull_ef": not args.no_pull_ef, "optim": args.optim, "seed": args.seed, "steps": args.steps,
         "world": world, "params": nparams, "final_val_loss": val_loss,
         "final_train_loss": sum(r[0] for r in rows[-10:]) / min(10, len(rows)),
-        "wire_bytes_per_step": sum(r[1] for r in rows[1:]) / max(1, len(rows) - 1),
-        "steps_per_s": args.steps / elapsed, "epochs_switched": stats["epochs_switched"],
-        "geometry_tensors": [t.name for t in state.tensors if t.geometry],
+        "wire_bytes_per_step": sum(r[1] for r in rows[1:]) / max(1, len(rows) - 1)
+        if state else None,
+        "netdev_bytes_per_step": sum(r[4] for r in rows[1:]) / max(1, len(rows) - 1)
+        if args.netdev else None,
+        "cpu_s_per_step": sum(r[3] for r in rows[1:]) / max(1, len(rows) - 1),
+        "steps_done": len(rows), "train_s": train_s,
+        "steps_per_s": len(rows) / elapsed, "epochs_switched": stats["epochs_switched"],
+        "geometry_tensors": [t.name for t in state.tensors if t.geometry] if state else [],
+        "powersgd_rank": args.powersgd_rank_used,
         "args": vars(args),
     }
     if csv:
         csv.close()
         with open(os.path.join(args.out, "summary.json"), "w") as fh:
             json.dump(summary, fh, indent=1)
-    log(f"done: val {val_loss:.4f}, {summary['wire_bytes_per_step'] / 1e6:.3f} MB/step/worker, "
+    per = summary["wire_bytes_per_step"] if state else summary["netdev_bytes_per_step"]
+    log(f"done: val {val_loss:.4f}, "
+        f"{'n/a' if per is None else f'{per / 1e6:.3f}'} MB/step/worker, "
         f"{summary['steps_per_s']:.2f} steps/s")
-    state.close()
+    if state:
+        state.close()
     dist.destroy_process_group()
+    # Leave now, before main's locals go: freeing DDP's reducer drops its
+    # gloo group, whose destructor joins a gloo thread that may be waiting
+    # for the GIL this thread holds (seen: a worker hung after its last step).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -61,3 +61,23 @@ if /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
 else
   echo "== training through giftd: skipped (/usr/bin/python3 has no torch; scripts/deps.sh installs it)"
 fi
+
+# Time to quality on a shaped cluster network (bench/netcluster/): the
+# starved link (f32 communication ~3x the compute), one seed, PyTorch DDP's
+# allreduce against fp8-gift and nvfp4-gift through giftd on 2 server hosts
+# beside 2 worker hosts, 200 steps. A few minutes; bench/netcluster/run.sh
+# with its defaults is the full table. Needs root for the namespaces.
+echo
+echo "== time to quality on a shaped link (bench/netcluster, starved link, seed 1)"
+if ! /usr/bin/python3 -c 'import torch, matplotlib' 2>/dev/null; then
+  echo "skipped: /usr/bin/python3 has no torch or matplotlib (scripts/deps.sh installs them)"
+elif [ "$(id -u)" != 0 ]; then
+  echo "skipped: network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN)"
+else
+  cmake --build build -j "${GIFT_JOBS:-2}" --target giftclient giftd
+  rm -rf bench/out/netcluster-demo
+  rc=0
+  bench/netcluster/run.sh --out bench/out/netcluster-demo --links starved --seeds 1 \
+    --steps 200 --arms "none ddp-allreduce fp8-gift nvfp4-gift" || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 77 ] || exit "$rc"
+fi

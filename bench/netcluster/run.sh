@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# bench/netcluster/run.sh: time to quality on a shaped cluster network, in
+# resumable pieces. Each piece is one (link setting, arm, seed) training run
+# on a fresh namespace cluster (bench/netcluster/cluster.sh) and writes its
+# own folder, DIR/<link>/<arm>/s<seed>/; a piece whose folder is complete is
+# skipped, so a killed or interrupted run resumes where it stopped, and
+# bench/netcluster/report.py assembles whatever pieces exist.
+#
+#   run.sh [--out DIR] [--links "starved paper"] [--arms "..."] [--seeds "1 2 3"]
+#          [--steps N] [--workers W] [--servers S] [--delay MS] [--build DIR]
+#          [--max-seconds T (per piece, default 900)]
+#          [--calibrate-only] [--report] [-- train_llama args...]
+#
+# --calibrate-only stops after the calibration; --report runs nothing and
+# only assembles what exists (bench/netcluster/report.py --out DIR).
+#
+# Calibration (once per DIR, DIR/calibration.json, for the --links asked): a compute-only step
+# (--comm none: DDP without communication, W workers on unshaped links) is
+# timed; the bytes an f32 ring allreduce sends per worker and step,
+# 2 (W-1)/W * 4 * params, set the rate at which that allreduce would take
+# 1/2 of the compute time ("paper": a third of an unoverlapped step, the
+# regime of the GIFT paper's ~11% FP8 saving) or 3x the compute time
+# ("starved": commodity Ethernet between racks). ddp-allreduce is then timed
+# for 30 steps at each rate and the rate is scaled once by the measured
+# communication time over the wanted one; both the first and the final
+# figures are written down.
+#
+# Arms: none ddp-allreduce ddp-fp16 ddp-powersgd (PyTorch's default rank 1)
+# ddp-powersgd-match (the rank whose bytes per step match nvfp4's) f32 bf16
+# fp8 fp8-gift nvfp4 nvfp4-gift (giftd on S server hosts beside the W worker
+# hosts) and nvfp4-gift-colo (the shards on the worker hosts). Every GIFT arm
+# refreshes its geometry every 50 steps. The default model: dim 128, 2
+# layers, 4 heads, sequence 64, batch 8 per worker (0.47M parameters), 300
+# steps, validation every 10 steps on 4 batches.
+# Exits 77 (nothing run) where network namespaces cannot be made.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cd "$repo"
+
+out=bench/out/netcluster
+links="starved paper"
+arms="ddp-allreduce nvfp4-gift fp8-gift f32 ddp-fp16 ddp-powersgd none ddp-powersgd-match fp8 nvfp4 bf16 nvfp4-gift-colo"
+seeds="1 2 3"
+steps=300
+workers=2
+servers=2
+delay=0.25
+build=build
+max_seconds=900
+calibrate_only=0
+report=0
+py=/usr/bin/python3
+model=(--dim 128 --layers 2 --heads 4 --seq 64 --batch 8 --warmup 20 --val-every 10
+       --val-batches 4 --refresh 50)
+extra=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --out) out=$2; shift 2 ;;
+        --links) links=$2; shift 2 ;;
+        --arms) arms=$2; shift 2 ;;
+        --seeds) seeds=$2; shift 2 ;;
+        --steps) steps=$2; shift 2 ;;
+        --workers) workers=$2; shift 2 ;;
+        --servers) servers=$2; shift 2 ;;
+        --delay) delay=$2; shift 2 ;;
+        --build) build=$2; shift 2 ;;
+        --max-seconds) max_seconds=$2; shift 2 ;;
+        --calibrate-only) calibrate_only=1; shift ;;
+        --report) report=1; shift ;;
+        --) shift; extra=("$@"); break ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+        *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+train=("${model[@]}" "${extra[@]}")
+cluster=(bench/netcluster/cluster.sh --build "$build" --workers "$workers" --steps "$steps"
+         --max-seconds "$max_seconds")
+mkdir -p "$out"
+
+# arm_args ARM: cluster.sh arguments for an arm name.
+arm_args() {
+    case "$1" in
+        ddp-powersgd) echo "--arm ddp-powersgd -- --powersgd-rank 1" ;;
+        ddp-powersgd-match) echo "--arm ddp-powersgd -- --powersgd-rank match-nvfp4" ;;
+        *-colo) echo "--arm ${1%-colo} --servers $servers --colocated --" ;;
+        *) echo "--arm $1 --servers $servers --" ;;
+    esac
+}
+
+# median_step DIR [SKIP]: median step_s of DIR/log.csv after SKIP steps.
+median_step() {
+    "$py" - "$1/log.csv" "${2:-5}" <<'EOF'
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1])))[int(sys.argv[2]):]
+print(statistics.median(float(r["step_s"]) for r in rows))
+EOF
+}
+
+calibrate() {
+    local c="$out/calibration" tc params bytes
+    [[ -s $out/calibration.json ]] && return 0
+    echo "== calibration: a compute-only step ($workers workers, unshaped)"
+    "${cluster[@]}" --out "$c/compute" --arm none --rate 0 --steps 40 -- "${train[@]}" >/dev/null
+    tc=$(median_step "$c/compute")
+    params=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["params"])' \
+             "$c/compute/summary.json")
+    bytes=$("$py" -c "print(2 * ($workers - 1) / $workers * 4 * $params)")
+    local -A want=([starved]=3 [paper]=0.5) rate0=() meas=() rate1=()
+    for l in $links; do
+        rate0[$l]=$("$py" -c "print(max(1, round($bytes * 8 / (${want[$l]} * $tc) / 1e6)))")
+        "${cluster[@]}" --out "$c/$l" --arm ddp-allreduce --rate "${rate0[$l]}" --delay "$delay" \
+            --steps 30 -- "${train[@]}" >/dev/null
+        meas[$l]=$(median_step "$c/$l")
+        # Communication time = step - compute; scale the rate to hit the wanted one.
+        rate1[$l]=$("$py" -c "
+comm = max(1e-4, ${meas[$l]} - $tc)
+print(max(1, round(${rate0[$l]} * comm / (${want[$l]} * $tc))))")
+        echo "   $l: ${rate0[$l]} Mbit/s gave a ${meas[$l]} s step (compute $tc s); now ${rate1[$l]} Mbit/s"
+    done
+    {
+        printf '{"compute_step_s": %s, "params": %s, "f32_allreduce_bytes_per_worker": %s,\n' \
+            "$tc" "$params" "$bytes"
+        printf ' "workers": %s, "delay_ms": %s, "date": "%s", "nproc": %s, "cpu": "%s"' \
+            "$workers" "$delay" "$(date -u +%FT%TZ)" "$(env -u OMP_NUM_THREADS nproc)" \
+            "$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
+        for l in $links; do
+            printf ',\n "%s": {"comm_x_compute_wanted": %s, "rate_first_mbit": %s,' \
+                "$l" "${want[$l]}" "${rate0[$l]}"
+            printf ' "ddp_allreduce_step_s_at_first": %s, "rate_mbit": %s}' "${meas[$l]}" "${rate1[$l]}"
+        done
+        printf '}\n'
+    } >"$out/calibration.json"
+}
+
+if [[ $report == 0 ]]; then
+    bench/netcluster/cluster.sh --check
+    calibrate
+    [[ $calibrate_only == 1 ]] && exit 0
+    for seed in $seeds; do
+        for l in $links; do
+            rate=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["rate_mbit"])' \
+                   "$out/calibration.json" "$l")
+            for a in $arms; do
+                d="$out/$l/$a/s$seed"
+                if [[ -s $d/cluster.json && -s $d/summary.json ]]; then continue; fi
+                rm -rf "$d"; mkdir -p "${d%/*}"
+                # shellcheck disable=SC2046
+                set -- $(arm_args "$a")
+                printf '%s %-20s seed %s: ' "$(date -u +%T)" "$l/$a" "$seed"
+                if "${cluster[@]}" --out "$d" --seed "$seed" --rate "$rate" --delay "$delay" \
+                        "$@" "${train[@]}" >"$d.log" 2>&1; then
+                    tail -n 1 "$d.log" | sed 's/^netcluster: //'
+                else
+                    echo "failed (see $d.log)"
+                fi
+            done
+        done
+    done
+fi
+"$py" bench/netcluster/report.py --out "$out"
