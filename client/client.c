@@ -521,7 +521,7 @@ static int geo_alloc(gift_geometry_t *g, int din, int k, int ks)
     return 0;
 }
 
-/* Allocates every host buffer of wire w, once (DESIGN.md section 4). A
+/* Allocates every host buffer of wire w, once (docs/ARCHITECTURE.md). A
  * device wire's payload areas (pinned), scratch and residual (device) are
  * allocated by the device table's declare on the I/O thread. */
 static int wire_alloc(gift_client_t *c, gift__wire_t *w)

@@ -21,7 +21,7 @@
  *         copied out -> IDLE (or READY for a fused bucket, whose mean later
  *         members of the same step read).
  *
- * Geometry (DESIGN.md section 2): a geometry tensor's pushes and sketches
+ * Geometry (docs/ARCHITECTURE.md): a geometry tensor's pushes and sketches
  * for step t need the epoch valid at t. After a sketch at step s, pushes of
  * later steps wait until chunk 0's reply for step s has said which epoch is
  * newest, and until that epoch has been fetched (GeometryRequest). Every

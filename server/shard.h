@@ -35,7 +35,7 @@
  * oldest unfinished step over all chunks) and by gift_shard_checkpoint
  * (SIGTERM); it starts a new log generation.
  *
- * Steps (DESIGN.md section 4): every chunk has a base step b, the oldest
+ * Steps (docs/ARCHITECTURE.md): every chunk has a base step b, the oldest
  * unfinished one, and accumulators for b and b + 1. A push for a step below
  * b is a replay and is acknowledged as a duplicate; one for b + 2 or later is
  * refused with GIFT_ESTEP. A pull for b or b + 1 is parked until the step

@@ -563,7 +563,7 @@ void push_grad_err_at(fake_t *fp, uint32_t key, uint32_t chunk, uint64_t step, u
     free(x);
 }
 
-/* The reference of DESIGN.md section 4 for one chunk: the pushes of the
+/* The reference of docs/ARCHITECTURE.md (aggregation) for one chunk: the pushes of the
  * ranks in order[] (data set v), decoded and summed in FP32 in that order
  * under eager aggregation, in rank order under ordered aggregation,
  * times 1/world, encoded with the pull codec. Returns the payload; exact[]

@@ -12,7 +12,7 @@
  * byte for byte with a reference pipeline built from the codec alone: decode
  * and sum the pushes in FP32 in rank order (ordered aggregation, the default)
  * or in their arrival order (the "eager" cases), multiply by 1/W, encode
- * with the pull codec (DESIGN.md section 4). The mean is also compared with
+ * with the pull codec (docs/ARCHITECTURE.md, aggregation). The mean is also compared with
  * the exact mean in double precision. Persistence has a suite of its own
  * (test_checkpoint.c); the fake io and helpers are shared (shard_fake.h).
  *
