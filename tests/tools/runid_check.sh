@@ -31,12 +31,14 @@ while IFS= read -r var; do unset "$var"; done < <(compgen -e | grep -E '^(GIFTD_
 
 # Starts giftd with its extra flags; sets pid and port.
 start() {
+    # A fresh ready file: the last giftd's line must not be read as this one's.
+    rm -f "$work/ready"
     "$giftd" --bind 127.0.0.1 --port 0 --http-port 0 --data-dir "$work/data" \
         --checkpoint-steps 1 "$@" >"$work/ready" 2>>"$work/giftd.log" &
     pid=$!
     port=''
     for _ in $(seq 1 200); do
-        if read -r line <"$work/ready" 2>/dev/null && [[ $line == "giftd ready "* ]]; then
+        if { read -r line <"$work/ready"; } 2>/dev/null && [[ $line == "giftd ready "* ]]; then
             port=$(sed -n 's/.* port=\([0-9]*\) .*/\1/p' <<<"$line")
             return 0
         fi
