@@ -441,23 +441,6 @@ void gift__shard_store_free(gift_shard_t *s)
     store_free(s);
 }
 
-/* Refuses peer p when the shard holds the state of a run other than p's
- * (both run ids non-empty): answers GIFT_ERUNID, fatal, with both ids and
- * the ways to reset, and returns it; 0 when the run ids agree. */
-static int check_run_id(gift_shard_t *s, gift_peer_t *p, const char *run_id)
-{
-    if (s->run_id[0] == '\0' || run_id[0] == '\0' || strcmp(s->run_id, run_id) == 0)
-        return 0;
-    send_error(s, p, GIFT_ERUNID, 1, 0, 0, 0, 0,
-               "shard %u holds the state of run '%s'; this worker presents run '%s' "
-               "(GIFT_RUN_ID): reset the shard with `giftctl reset` (restart giftd with "
-               "--reset) or start it with a fresh data directory",
-               s->o.shard_id, s->run_id, run_id);
-    GIFT_LOG_WARN(p->id, "refused a worker of run '%s': this shard holds run '%s'",
-                  run_id, s->run_id);
-    return GIFT_ERUNID;
-}
-
 static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d_in)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
@@ -473,7 +456,7 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
     int rc;
 
     dk.run_id = p->run_id;
-    if (check_run_id(s, p, p->run_id) < 0)
+    if (gift__admit_run_id(s, p, p->run_id) < 0)
         return GIFT_ERUNID;
     gift_digest_bytes(digest, want);
     if (d->digest.len != 8 || memcmp(d->digest.data, want, 8) != 0) {
@@ -613,8 +596,10 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
         return GIFT_EPROTO;
     }
     snprintf(p->run_id, sizeof p->run_id, "%s", h->run_id ? h->run_id : "");
-    if (check_run_id(s, p, p->run_id) < 0)
+    if (gift__admit_run_id(s, p, p->run_id) < 0)
         return GIFT_ERUNID;
+    if (gift__admit_resume(s, p, h->resume_step) < 0)
+        return GIFT_ESTATE;
     if (s->declared && h->cluster_digest.len > 0) {
         gift_digest_bytes(s->digest, dg);
         if (h->cluster_digest.len != 8 || memcmp(h->cluster_digest.data, dg, 8) != 0) {

@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -300,16 +301,28 @@ START_TEST(test_client_refused)
 }
 END_TEST
 
-/* The shard restarts (SIGKILL, then the same port): the client reconnects,
- * authenticates again with a fresh nonce, declares again and goes on. */
+/* The shard restarts (SIGKILL, then the same port and data directory): the
+ * client reconnects, authenticates again with a fresh nonce, declares again
+ * and goes on. (A shard restarted empty would refuse it with GIFT_ESTATE.) */
 START_TEST(test_client_reconnect)
 {
     gift_client_t *c = NULL;
     gift_client_stats_t st;
-    char port[16];
+    char port[16], dir[256], cmd[300];
+    const char *tmp = getenv("TMPDIR");
     int rc, status;
 
-    start_auth_daemon();
+    snprintf(dir, sizeof dir, "%s/giftd-auth-XXXXXX", tmp != NULL && *tmp ? tmp : "/tmp");
+    ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
+    {
+        const char *extra[] = {"--auth-key-file", key_path(), "--log-level", "debug",
+                               "--world-size", "1", "--checkpoint-steps", "1",
+                               "--data-dir", dir, NULL};
+        char err[256], warn[256];
+        ck_assert_msg(gift_auth_key_load(extra[1], &K, err, sizeof err, warn, sizeof warn) == 0,
+                      "%s", err);
+        daemon_start(extra);
+    }
     rc = client_open_with(key_path(), &c);
     ck_assert_msg(rc == 0, "open: %s", gift_strerror(rc));
     client_steps(c, 0, 3);
@@ -321,7 +334,9 @@ START_TEST(test_client_reconnect)
     {
         const char *extra[] = {"--auth-key-file", key_path(),     "--log-level",
                                "debug",           "--world-size", "1",
-                               "--port",          port,           NULL};
+                               "--port",          port,           "--checkpoint-steps",
+                               "1",               "--data-dir",   dir,
+                               NULL};
         daemon_start(extra);
     }
     for (int s = 3; s < 6; s++) {
@@ -343,6 +358,8 @@ START_TEST(test_client_reconnect)
     daemon_stop();
     ck_assert_msg(log_count("authenticated") >= 1, "log:\n%s", log_tail());
     daemon_teardown();
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 

@@ -2155,6 +2155,53 @@ START_TEST(test_run_id)
 }
 END_TEST
 
+/* Hello.resume_step: a worker that has the mean of step t from this shard
+ * (resume t + 1) is refused, fatally and naming the step and the fix, by a
+ * shard that has not finished step t: one that started empty, or one
+ * behind it. 0 (a new client) and steps the shard finished pass; a hostile
+ * value costs a comparison. */
+START_TEST(test_resume_step)
+{
+    static const uint64_t bad[] = {1, 2, 1000, UINT64_MAX};
+    const Gift__Error *e;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        g_resume_step = bad[i];
+        ck_assert_int_eq(hello_raw(&P[i], GIFT_PROTOCOL_VERSION, 0, W, NULL, 0), GIFT_ESTATE);
+        e = EXPECT_ERROR(&P[i], GIFT_ESTATE, 1);
+        ck_assert_msg(e->step == bad[i] - 1 && strstr(e->text, "shard 0 lost this run's state") &&
+                          strstr(e->text, "it holds no tensors") &&
+                          strstr(e->text, "Restart the whole run") &&
+                          strstr(e->text, "--checkpoint-steps"),
+                      "resume %" PRIu64 ": step %" PRIu64 ", text: %s", bad[i], e->step, e->text);
+    }
+    ck_assert_int_eq(C()->errors[-GIFT_ESTATE], 4);
+    g_resume_step = 0;
+    for (int r = 0; r < W; r++)
+        HELLO(&P[4 + r], (uint32_t)r, W);
+    for (int r = 0; r < W; r++)
+        DECLARE_OK(&P[4 + r], STD_T, STD_NT, STD_C, STD_NC);
+    /* Step 0 of every chunk finished: resume 1 passes, resume 2 does not. */
+    for (size_t ci = 0; ci < STD_NC; ci++)
+        for (int r = 0; r < W; r++)
+            PUSH_GRAD(&P[4 + r], STD_C[ci].key, STD_C[ci].chunk, 0, (uint32_t)r, 0);
+    QUIET_ALL();
+    for (int k = 4; k < 6; k++) { /* ranks 0 and 1 reconnect */
+        peer_gone(&P[k]);
+        peer_open(k);
+        P[k].gone = 0;
+    }
+    g_resume_step = 1;
+    HELLO(&P[4], 0, W);
+    g_resume_step = 2;
+    ck_assert_int_eq(hello_raw(&P[5], GIFT_PROTOCOL_VERSION, 1, W, NULL, 0), GIFT_ESTATE);
+    e = EXPECT_ERROR(&P[5], GIFT_ESTATE, 1);
+    ck_assert_msg(strstr(e->text, "the mean of step 1") &&
+                      strstr(e->text, "its newest finished step is 0"),
+                  "text: %s", e->text);
+    QUIET_ALL();
+}
+END_TEST
+
 static Suite *shard_suite(void)
 {
     Suite *s = suite_create("shard");
@@ -2168,6 +2215,7 @@ static Suite *shard_suite(void)
     tcase_add_checked_fixture(hello, fx_base, fx_teardown);
     tcase_add_test(hello, test_hello_ack);
     tcase_add_test(hello, test_run_id);
+    tcase_add_test(hello, test_resume_step);
     tcase_add_test(hello, test_hello_version);
     tcase_add_test(hello, test_hello_world);
     tcase_add_test(hello, test_hello_world_configured);
