@@ -763,6 +763,8 @@ static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *
         check_cmds(c);
         return cn->err;
     }
+    if (c->lost) /* never declare again into a shard that lost (or dropped) the run */
+        return cn->err = c->lost;
     cn->max_frame = a->max_frame_bytes;
     c->io->backoff_reset(c, shard);
     if (c->io_declared) {

@@ -207,9 +207,10 @@ int gift__admit_run_id(gift_shard_t *s, gift_peer_t *p, const char *run_id)
         return 0;
     send_error(s, p, GIFT_ERUNID, 1, 0, 0, 0, 0,
                "shard %u holds the state of run '%s'; this worker presents run '%s' "
-               "(GIFT_RUN_ID): reset the shard with `giftctl reset` (restart giftd with "
-               "--reset) or start it with a fresh data directory",
-               s->o.shard_id, s->run_id, run_id);
+               "(GIFT_RUN_ID): once that run is over, reset the shard (`giftctl reset --servers "
+               "HOST:PORT --run-id %s`, its address), or restart giftd with --reset or with a "
+               "fresh data directory",
+               s->o.shard_id, s->run_id, run_id, s->run_id);
     GIFT_LOG_WARN(p->id, "refused a worker of run '%s': this shard holds run '%s'",
                   run_id, s->run_id);
     return GIFT_ERUNID;

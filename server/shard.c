@@ -19,6 +19,7 @@
 #include "log.h"
 #include "owner.h"
 #include "peers.h"
+#include "reset.h"
 #include "send.h"
 #include "shard_internal.h"
 #include "stats.h"
@@ -574,6 +575,7 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
         gift_auth_ack_mac(s->o.auth, h->rank, p->nonce, h->client_nonce.data, h->auth_mac.data, mac);
         ack.auth_mac.data = mac;
         ack.auth_mac.len = sizeof mac;
+        memcpy(p->cnonce, h->client_nonce.data, sizeof p->cnonce); /* for a Reset's MAC */
     }
     if (h->world_size == 0 || h->world_size > 65536) {
         send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u out of range 1..65536",
@@ -1112,7 +1114,7 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
         if (rc < 0)
             return rc;
     }
-    if (env->msg_case != GIFT__ENVELOPE__MSG_DECLARE &&
+    if (env->msg_case != GIFT__ENVELOPE__MSG_DECLARE && env->msg_case != GIFT__ENVELOPE__MSG_RESET &&
         env->msg_case != GIFT__ENVELOPE__MSG_STATS_REQUEST && !s->declared) {
         send_error(s, p, GIFT_ENOKEY, 0, 0, 0, 0, 0, "%s before any Declare on this shard",
                    gift_msg_name(env));
@@ -1131,6 +1133,8 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
         return handle_geometry_request(s, p, env->geometry_request);
     case GIFT__ENVELOPE__MSG_STATS_REQUEST:
         return handle_stats(s, p, env->stats_request);
+    case GIFT__ENVELOPE__MSG_RESET:
+        return gift__reset(s, p, env->reset);
     default:
         send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "a client may not send %s",
                    gift_msg_name(env));

@@ -283,6 +283,18 @@ int hello_raw(fake_t *fp, uint32_t version, uint32_t rank, uint32_t world, const
     return feed(fp, &env, NULL, 0);
 }
 
+int reset_raw(fake_t *fp, const char *run_id, int force, uint64_t seq)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Reset m = GIFT__RESET__INIT;
+    m.run_id = (char *)run_id;
+    m.force = force;
+    m.seq = seq;
+    env.msg_case = GIFT__ENVELOPE__MSG_RESET;
+    env.reset = &m;
+    return feed(fp, &env, NULL, 0);
+}
+
 void hello_at(fake_t *fp, uint32_t rank, uint32_t world, int line)
 {
     const Gift__HelloAck *a;

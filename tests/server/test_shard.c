@@ -2202,6 +2202,71 @@ START_TEST(test_resume_step)
 }
 END_TEST
 
+/* giftctl reset (Reset): refused with nothing changed for another run id
+ * and while workers are connected; with force the workers are told and
+ * closed; after it the shard holds nothing and adopts the next run. */
+START_TEST(test_reset)
+{
+    const Gift__ResetAck *a;
+    const Gift__Error *e;
+    g_run_id = "run-a";
+    for (int r = 0; r < W; r++)
+        HELLO(&P[r], (uint32_t)r, W);
+    for (int r = 0; r < W; r++)
+        DECLARE_OK(&P[r], STD_T, STD_NT, STD_C, STD_NC);
+    for (int r = 0; r < W; r++)
+        PUSH_GRAD(&P[r], STD_C[0].key, STD_C[0].chunk, 0, (uint32_t)r, 0);
+    for (int r = 0; r < W - 1; r++)
+        PUSH_GRAD(&P[r], STD_C[1].key, STD_C[1].chunk, 0, (uint32_t)r, 0);
+    (void)PULL(&P[0], STD_C[1].key, STD_C[1].chunk, 0); /* parked: the reset must drop it */
+    QUIET_ALL();
+    /* Before a Hello: refused. */
+    ck_assert_int_eq(reset_raw(&P[4], NULL, 1, 7), GIFT_EPROTO);
+    EXPECT_ERROR(&P[4], GIFT_EPROTO, 1);
+    g_run_id = "";
+    HELLO(&P[5], 0, W);
+    ck_assert_int_eq(reset_raw(&P[5], "run-b", 1, 7), GIFT_ERUNID);
+    e = EXPECT_ERROR(&P[5], GIFT_ERUNID, 1);
+    ck_assert_msg(e->seq == 7 && strstr(e->text, "holds run 'run-a', not run 'run-b'") &&
+                      strstr(e->text, "nothing changed"), "seq %" PRIu64 ", text: %s", e->seq, e->text);
+    HELLO(&P[6], 0, W);
+    ck_assert_int_eq(reset_raw(&P[6], "run-a", 0, 8), GIFT_EBUSY);
+    e = EXPECT_ERROR(&P[6], GIFT_EBUSY, 1);
+    ck_assert_msg(strstr(e->text, "4 workers of run 'run-a' are connected") &&
+                      strstr(e->text, "ranks 0,1,2,3") && strstr(e->text, "--force"),
+                  "text: %s", e->text);
+    ck_assert_msg(C()->steps_finished == 1, "a refused reset changed the shard");
+    HELLO(&P[7], 0, W);
+    ck_assert_int_eq(reset_raw(&P[7], "run-a", 1, 9), 0);
+    for (int r = 0; r < W; r++) {
+        e = EXPECT_ERROR(&P[r], GIFT_ESTATE, 1);
+        ck_assert_msg(strstr(e->text, "was reset by `giftctl reset --force`") &&
+                          strstr(e->text, "run 'run-a'"), "rank %d: %s", r, e->text);
+    }
+    a = take_at(&P[7], GIFT__ENVELOPE__MSG_RESET_ACK, __LINE__)->env->reset_ack;
+    ck_assert_msg(a->seq == 9 && a->shard_id == 0 && strcmp(a->run_id, "run-a") == 0 &&
+                      a->tensors == STD_NT && a->steps == 1 && a->closed == W && !a->files,
+                  "ack: seq %" PRIu64 " run '%s' tensors %u steps %" PRIu64 " closed %u files %d",
+                  a->seq, a->run_id, a->tensors, a->steps, a->closed, a->files);
+    ck_assert_msg(gift_shard_memory_committed(S) == 0, "memory still committed after a reset");
+    QUIET_ALL();
+    for (int r = 0; r < W; r++) {
+        peer_gone(&P[r]);
+        peer_open(r);
+        P[r].gone = 0;
+    }
+    /* The next run: another run id, and step 0 again. */
+    g_run_id = "run-b";
+    for (int r = 0; r < W; r++)
+        HELLO(&P[r], (uint32_t)r, W);
+    for (int r = 0; r < W; r++)
+        DECLARE_OK(&P[r], STD_T, STD_NT, STD_C, STD_NC);
+    for (int r = 0; r < W; r++)
+        PUSH_GRAD(&P[r], STD_C[0].key, STD_C[0].chunk, 0, (uint32_t)r, 0);
+    QUIET_ALL();
+}
+END_TEST
+
 static Suite *shard_suite(void)
 {
     Suite *s = suite_create("shard");
@@ -2216,6 +2281,7 @@ static Suite *shard_suite(void)
     tcase_add_test(hello, test_hello_ack);
     tcase_add_test(hello, test_run_id);
     tcase_add_test(hello, test_resume_step);
+    tcase_add_test(hello, test_reset);
     tcase_add_test(hello, test_hello_version);
     tcase_add_test(hello, test_hello_world);
     tcase_add_test(hello, test_hello_world_configured);
