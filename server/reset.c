@@ -72,6 +72,11 @@ int gift__reset(gift_shard_t *s, gift_peer_t *p, const Gift__Reset *m)
     uint32_t busy;
     int rc = 0;
 
+    if (p->claimed) { /* a worker's connection resetting its own run */
+        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, m->seq,
+                   "reset refused: this connection acts as rank %u; reset with giftctl", p->rank);
+        return GIFT_EPROTO;
+    }
     if (strnlen(want, RUN_ID_MAX + 1) > RUN_ID_MAX) {
         send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, m->seq, "reset: run id longer than %d bytes",
                    RUN_ID_MAX);

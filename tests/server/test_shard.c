@@ -2220,6 +2220,15 @@ START_TEST(test_reset)
         PUSH_GRAD(&P[r], STD_C[1].key, STD_C[1].chunk, 0, (uint32_t)r, 0);
     (void)PULL(&P[0], STD_C[1].key, STD_C[1].chunk, 0); /* parked: the reset must drop it */
     QUIET_ALL();
+    /* From a worker's own connection: refused. */
+    ck_assert_int_eq(reset_raw(&P[3], NULL, 1, 6), GIFT_EPROTO);
+    e = EXPECT_ERROR(&P[3], GIFT_EPROTO, 1);
+    ck_assert_msg(strstr(e->text, "acts as rank 3"), "text: %s", e->text);
+    peer_gone(&P[3]);
+    peer_open(3);
+    P[3].gone = P[3].closed = 0;
+    HELLO(&P[3], 3, W);
+    PUSH_DUP(&P[3], STD_C[0].key, STD_C[0].chunk, 0, 3, 0); /* claims rank 3 again */
     /* Before a Hello: refused. */
     ck_assert_int_eq(reset_raw(&P[4], NULL, 1, 7), GIFT_EPROTO);
     EXPECT_ERROR(&P[4], GIFT_EPROTO, 1);
@@ -2253,7 +2262,7 @@ START_TEST(test_reset)
     for (int r = 0; r < W; r++) {
         peer_gone(&P[r]);
         peer_open(r);
-        P[r].gone = 0;
+        P[r].gone = P[r].closed = 0;
     }
     /* The next run: another run id, and step 0 again. */
     g_run_id = "run-b";
