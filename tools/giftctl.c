@@ -1074,7 +1074,7 @@ static void usage(FILE *f)
     fprintf(f, "Usage: giftctl [OPTION...] ping|status|stats|reset\n"
                "       giftctl --auth-key-file SECRET rank-key RANK > rank.key\n"
                "\n"
-               "Asks running giftd shards how they are.\n"
+               "Asks running giftd shards how they are, or resets them.\n"
                "\n"
                "Commands:\n"
                "  ping     each shard accepts connections and its /livez (with --ready:\n"

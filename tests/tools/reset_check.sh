@@ -139,5 +139,14 @@ ctl 2 --auth-key-file "$work/rank0.key"
 has ctl.out "reset with a rank key" "a reset needs the shards' shared secret"
 ctl 0 --auth-key-file "$work/secret"
 has ctl.out "reset with the secret" "(id 0): reset: it held nothing"
+ctl 0 --auth-key-file "$work/secret" --json
+/usr/bin/python3 - "$work/ctl.out" <<'PY' || fail "reset --json: $(cat "$work/ctl.out")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["command"] == "reset" and d["ok"] is True, d
+s = d["shards"][0]
+assert s["ok"] is True and s["shard_id"] == 0 and s["run_id"] == "" and s["tensors"] == 0, s
+assert s["closed"] == 0 and s["files"] is True, s
+PY
 stop
 echo "reset_check: ok"
