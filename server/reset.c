@@ -101,16 +101,18 @@ int gift__reset(gift_shard_t *s, gift_peer_t *p, const Gift__Reset *m)
         return GIFT_ERUNID;
     }
     busy = workers_connected(s, ranks, sizeof ranks);
+    snprintf(run, sizeof run, "%s", s->run_id);
     if (busy > 0 && !m->force) {
+        char of[RUN_ID_MAX + 16];
+        snprintf(of, sizeof of, run[0] ? "of run '%s'" : "of a run without a run id%s", run);
         send_error(s, p, GIFT_EBUSY, 1, 0, 0, 0, m->seq,
-                   "reset refused: %u worker%s of run '%s' %s connected to shard %u (rank%s %s); "
+                   "reset refused: %u worker%s %s %s connected to shard %u (rank%s %s); "
                    "stop %s first, or pass --force to drop the run under %s; nothing changed",
-                   busy, busy == 1 ? "" : "s", s->run_id, busy == 1 ? "is" : "are",
+                   busy, busy == 1 ? "" : "s", of, busy == 1 ? "is" : "are",
                    s->o.shard_id, busy == 1 ? "" : "s", ranks, busy == 1 ? "it" : "them",
                    busy == 1 ? "it" : "them");
         return GIFT_EBUSY;
     }
-    snprintf(run, sizeof run, "%s", s->run_id);
     ack.seq = m->seq;
     ack.shard_id = s->o.shard_id;
     ack.run_id = run;
