@@ -241,5 +241,17 @@ int gift__admit_resume(gift_shard_t *s, gift_peer_t *p, uint64_t resume)
     GIFT_LOG_ERROR(p->id, "refused a worker: it received the mean of step %" PRIu64
                    " from this shard, but %s (restarted without checkpoints?)",
                    resume - 1, held);
+    /* The workers already back (none had pulled from it: it has finished no
+     * step) wait for a step the refused one will never push: tell them now
+     * rather than at their timeout. */
+    for (uint32_t r = 0; newest == 0 && r < s->by_rank_len; r++) {
+        gift_peer_t *q = s->by_rank[r];
+        if (q != NULL && q != p && !q->closing)
+            send_error(s, q, GIFT_ESTATE, 1, 0, 0, resume - 1, 0,
+                       "shard %u lost this run's state: another worker has the mean of step "
+                       "%" PRIu64 " from it, but %s. Restart the whole run, and run giftd with "
+                       "--checkpoint-steps N --data-dir DIR so that a restarted shard resumes",
+                       s->o.shard_id, resume - 1, held);
+    }
     return GIFT_ESTATE;
 }

@@ -2202,6 +2202,34 @@ START_TEST(test_resume_step)
 }
 END_TEST
 
+/* The restart raced a step: the shard died after finishing step 0, which
+ * some workers had pulled and others not. Those came back first (resume 0)
+ * and declared again; the first that pulled step 0 is refused, and the
+ * others, who wait for it, are told at once, not at their timeout. */
+START_TEST(test_resume_step_race)
+{
+    const Gift__Error *e;
+    for (int r = 0; r < W - 1; r++)
+        HELLO(&P[r], (uint32_t)r, W);
+    for (int r = 0; r < W - 1; r++)
+        DECLARE_OK(&P[r], STD_T, STD_NT, STD_C, STD_NC);
+    for (int r = 0; r < W - 1; r++)
+        PUSH_GRAD(&P[r], STD_C[0].key, STD_C[0].chunk, 0, (uint32_t)r, 0);
+    HELLO(&P[4], 0, W); /* not acting as a rank: not told */
+    g_resume_step = 1;
+    ck_assert_int_eq(hello_raw(&P[3], GIFT_PROTOCOL_VERSION, 3, W, NULL, 0), GIFT_ESTATE);
+    e = EXPECT_ERROR(&P[3], GIFT_ESTATE, 1);
+    ck_assert_msg(strstr(e->text, "it has finished no step"), "text: %s", e->text);
+    for (int r = 0; r < W - 1; r++) {
+        e = EXPECT_ERROR(&P[r], GIFT_ESTATE, 1);
+        ck_assert_msg(strstr(e->text, "another worker has the mean of step 0") &&
+                          strstr(e->text, "Restart the whole run"),
+                      "rank %d: %s", r, e->text);
+    }
+    QUIET_ALL();
+}
+END_TEST
+
 /* giftctl reset (Reset): refused with nothing changed for another run id
  * and while workers are connected; with force the workers are told and
  * closed; after it the shard holds nothing and adopts the next run. */
@@ -2290,6 +2318,7 @@ static Suite *shard_suite(void)
     tcase_add_test(hello, test_hello_ack);
     tcase_add_test(hello, test_run_id);
     tcase_add_test(hello, test_resume_step);
+    tcase_add_test(hello, test_resume_step_race);
     tcase_add_test(hello, test_reset);
     tcase_add_test(hello, test_hello_version);
     tcase_add_test(hello, test_hello_world);
