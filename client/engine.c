@@ -563,8 +563,8 @@ void gift__eng_commands(gift_client_t *c)
                 op->active[i] = 1;
                 list_push(&m->fifo, &op->req[i]);
             }
-            if (c->closing) {
-                req_finish(c, &op->req[0], GIFT_ECLOSED);
+            if (c->closing || c->lost) {
+                req_finish(c, &op->req[0], c->closing ? GIFT_ECLOSED : c->lost);
                 break;
             }
             fifo_run(c, m);
@@ -572,8 +572,8 @@ void gift__eng_commands(gift_client_t *c)
         }
         case GIFT__CMD_SKETCH: {
             gift__member_t *m = &c->mem[cmd->req.id];
-            if (c->closing) {
-                gift__cmd_done(c, cmd, GIFT_ECLOSED);
+            if (c->closing || c->lost) {
+                gift__cmd_done(c, cmd, c->closing ? GIFT_ECLOSED : c->lost);
                 break;
             }
             cmd->req.active = 1;
@@ -763,6 +763,8 @@ static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *
         check_cmds(c);
         return cn->err;
     }
+    if (c->lost) /* never declare again into a shard that lost (or dropped) the run */
+        return cn->err = c->lost;
     cn->max_frame = a->max_frame_bytes;
     c->io->backoff_reset(c, shard);
     if (c->io_declared) {
@@ -851,6 +853,8 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
     pl = &w->pl[m->step & 1];
     if (pl->state != GIFT__PL_PENDING || pl->step != m->step || pl->got[m->chunk])
         return; /* late: the pull was abandoned or answered already */
+    if (m->step < UINT64_MAX && m->step + 1 > c->conns[shard].resume)
+        c->conns[shard].resume = m->step + 1; /* the shard finished that step */
     if (f->payload_len != ch->pull_l.total || m->codec == NULL ||
         (int)m->codec->format != (int)w->pull.fmt) {
         rc = GIFT_ESHAPE;
@@ -927,15 +931,27 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
     check_cmds(c);
 }
 
-/* A shard's Error fails an operation: the shard, its address and its text
- * become the client's last error. */
-static void note_refusal(gift_client_t *c, uint32_t shard, const char *what, const Gift__Error *e,
-                         int code)
+/* A shard lost the run's state: what is in flight fails with code, and so
+ * does every later operation (gift__eng_commands). */
+static void fail_everything(gift_client_t *c, int code)
 {
-    char a[64];
-    gift__client_note(c, "shard %u (%s) refused the %s of tensor %u chunk %u step %" PRIu64
-                      ": %s (%s)", shard, gift__shard_addr(c, shard, a, sizeof a), what, e->key,
-                      e->chunk, e->step, e->text ? e->text : "", gift_strerror(code));
+    c->lost = code;
+    while (c->ops != NULL) {
+        gift_op_t *op = c->ops;
+        for (int i = 0; i < op->nreq; i++)
+            if (op->active[i]) {
+                req_finish(c, &op->req[i], code); /* fails the other half and unlinks op */
+                break;
+            }
+        if (c->ops == op) /* nothing was active: cannot happen, but never spin */
+            break;
+    }
+    for (size_t i = 0; c->io_declared && i < c->nmem; i++)
+        for (gift__req_t *r = c->mem[i].fifo.head, *rn; r != NULL; r = rn) {
+            rn = r->next;
+            if (r->kind == GIFT__REQ_SKETCH) /* the others belong to the ops above */
+                req_finish(c, r, code);
+        }
 }
 
 static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
@@ -959,6 +975,8 @@ static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
                               gift__shard_addr(c, shard, a, sizeof a), e->text ? e->text : "",
                               gift_strerror(code));
         }
+        if (code == GIFT_ESTATE) /* no later step can be exact: fail now, not at the timeout */
+            fail_everything(c, code);
         return;
     }
     if (w == NULL)
@@ -967,7 +985,7 @@ static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
     case GIFT__SEQ_PUSH: {
         gift__pstate_t *ps = &w->ps[e->step & 1];
         if (ps->step == e->step && (ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED)) {
-            note_refusal(c, shard, "push", e, code);
+            gift__note_refusal(c, shard, "push", e, code);
             fail_ps(c, ps, code);
         }
         break;
@@ -975,7 +993,7 @@ static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
     case GIFT__SEQ_PULL: {
         gift__lstate_t *pl = &w->pl[e->step & 1];
         if (pl->step == e->step && pl->state == GIFT__PL_PENDING) {
-            note_refusal(c, shard, "pull", e, code);
+            gift__note_refusal(c, shard, "pull", e, code);
             fail_pl(c, pl, code);
         }
         break;
@@ -1042,25 +1060,6 @@ int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
 /* Time                                                                  */
 /* ------------------------------------------------------------------ */
 
-/* An operation timed out: says after how long, and names a shard that is
- * not connected, the likely culprit, when there is one. */
-static void note_timeout(gift_client_t *c)
-{
-    char a[64];
-    for (uint32_t s = 0; s < c->nshards; s++)
-        if (c->conns[s].state != GIFT__CONN_READY) {
-            gift__client_note(c, "an operation timed out after %u ms (timeout_ms, GIFT_TIMEOUT_MS) "
-                              "while shard %u (%s) is not connected%s", c->timeout_ms, s,
-                              gift__shard_addr(c, s, a, sizeof a),
-                              c->conns[s].connect_err == -ECONNREFUSED ? ": connection refused"
-                                                                       : "");
-            return;
-        }
-    gift__client_note(c, "an operation timed out after %u ms (timeout_ms, GIFT_TIMEOUT_MS) with "
-                      "every shard connected: a rank may be missing (giftctl status)",
-                      c->timeout_ms);
-}
-
 void gift__eng_tick(gift_client_t *c)
 {
     uint64_t now = c->io->now_ns();
@@ -1076,7 +1075,7 @@ void gift__eng_tick(gift_client_t *c)
         if (op == NULL)
             break;
         if (!noted++)
-            note_timeout(c);
+            gift__note_timeout(c);
         for (int i = 0; i < op->nreq; i++)
             if (op->active[i]) {
                 req_finish(c, &op->req[i], GIFT_ETIMEDOUT); /* fails the other half too */
@@ -1095,21 +1094,8 @@ void gift__eng_tick(gift_client_t *c)
         c->cmd_connect = NULL;
         for (uint32_t s = 0; s < c->nshards && !err; s++)
             err = c->conns[s].err;
-        for (uint32_t s = 0; s < c->nshards && !err; s++) {
-            const gift__conn_t *cn = &c->conns[s];
-            char a[64];
-            if (cn->state == GIFT__CONN_READY)
-                continue;
-            gift__client_note(c, "shard %u (%s) not reached within %u ms (connect_timeout_ms): %s",
-                              s, gift__shard_addr(c, s, a, sizeof a), c->connect_timeout_ms,
-                              cn->connect_err == -ECONNREFUSED
-                                  ? "connection refused: is giftd running there, and is "
-                                    "GIFT_SERVERS right?"
-                              : cn->connect_err ? strerror(-cn->connect_err)
-                              : cn->state == GIFT__CONN_DOWN ? "no connection"
-                                                             : "no answer to the Hello");
-            break;
-        }
+        if (!err)
+            gift__note_unreached(c);
         gift__cmd_done(c, cmd, err ? err : GIFT_ETIMEDOUT);
     }
     if (c->cmd_declare && now >= c->cmd_declare->deadline_ns) {

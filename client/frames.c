@@ -136,6 +136,7 @@ void gift__send_hello(gift_client_t *c, uint32_t shard)
     }
     h.client_name = c->name;
     h.run_id = c->run_id;
+    h.resume_step = cn->resume; /* the shard checks it still holds what we pulled */
     if (c->auth != NULL) {
         if (!cn->challenged && gift_auth_nonce(cn->cnonce) < 0) {
             c->io->drop(c, shard);

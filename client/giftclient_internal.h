@@ -291,6 +291,7 @@ typedef struct gift__conn {
     int connect_err;      /* the last failed connect: a negative errno (libuv), 0: none */
     uint64_t connect_log_ns; /* when a failed connect was last logged (rate limit) */
     int declared;   /* a DeclareAck arrived */
+    uint64_t resume; /* 1 + the newest step a PullReply of this shard answered (Hello.resume_step) */
     uint64_t max_frame;
     /* Authentication of this connection (gift.proto): */
     int challenged;                             /* an AuthChallenge arrived */
@@ -377,6 +378,7 @@ struct gift_client {
     int rescan;
     size_t nencoding; /* wires whose push is still being encoded */
     int closing;
+    int lost; /* a shard lost the run's state (GIFT_ESTATE): every operation fails with it */
     gift__gpu_t *gpu; /* device.c: contexts and job queues, or NULL */
     uint64_t seq;
     uint64_t backoff_reset_ns;
@@ -472,6 +474,16 @@ void gift__send_sketch(gift_client_t *c, gift__wire_t *w);
 void gift__send_hello(gift_client_t *c, uint32_t shard);
 /* The shard's packed Declare; the connection is DECLARING (or dropped). */
 void gift__send_declare(gift_client_t *c, uint32_t shard);
+
+/* ---- notes.c (I/O thread): the sentences of gift__client_note ---- */
+/* The shard refused request `what` (push, pull) with Error e of code. */
+void gift__note_refusal(gift_client_t *c, uint32_t shard, const char *what, const Gift__Error *e,
+                        int code);
+/* An operation timed out: after how long, and a shard that is not
+ * connected, the likely culprit, when there is one. */
+void gift__note_timeout(gift_client_t *c);
+/* The connect timed out: the first shard not reached, and why. */
+void gift__note_unreached(gift_client_t *c);
 
 /* ---- host.c (I/O thread) ---- */
 /* The end of a loop turn, before gift__eng_turn_end: encodes about 1 MiB of

@@ -58,6 +58,9 @@ const char *gift_strerror(int code)
         return "connection closed";
     case GIFT_ERUNID:
         return "the shard holds another run's state (reset it: giftctl reset)";
+    case GIFT_ESTATE:
+        return "the shard lost the run's state (restarted without checkpoints, or reset): "
+               "restart the run";
     case GIFT_ENODEV:
         return "no such CUDA device (or libgiftclient was built without CUDA)";
     case GIFT_EIO:

@@ -45,7 +45,8 @@ enum gift_error {
     GIFT_ECONFIG = -27,   /* invalid configuration */
     GIFT_ENODEV = -28,    /* no such CUDA device, or the library was built without CUDA */
     GIFT_ERUNID = -29,    /* the shard holds another run's state (GIFT_RUN_ID) */
-    GIFT_ERR_MIN_ = -30   /* one past the last code; later modules extend below it */
+    GIFT_ESTATE = -30,    /* the shard lost state the worker saw (restarted without checkpoints) */
+    GIFT_ERR_MIN_ = -31   /* one past the last code; later modules extend below it */
 };
 
 /* Returns a static, human-readable sentence for an error code (never NULL). */

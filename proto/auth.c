@@ -19,6 +19,7 @@
 static const char HELLO_LABEL[] = "giftd-auth-v2 hello";
 static const char ACK_LABEL[] = "giftd-auth-v2 ack";
 static const char RANK_LABEL[] = "giftd-auth-v2 rank";
+static const char RESET_LABEL[] = "giftd-auth-v2 reset";
 
 static void put_le32(crypto_auth_hmacsha256_state *st, uint32_t v)
 {
@@ -252,6 +253,31 @@ void gift_auth_ack_mac(const gift_auth_key_t *key, uint32_t rank, const uint8_t 
     crypto_auth_hmacsha256_update(&st, server_nonce, GIFT_AUTH_NONCE_BYTES);
     crypto_auth_hmacsha256_update(&st, client_nonce, GIFT_AUTH_NONCE_BYTES);
     crypto_auth_hmacsha256_update(&st, hello_mac, GIFT_AUTH_MAC_BYTES);
+    crypto_auth_hmacsha256_final(&st, out);
+    sodium_memzero(&st, sizeof st);
+}
+
+void gift_auth_reset_mac(const gift_auth_key_t *key, const uint8_t *server_nonce,
+                         const uint8_t *client_nonce, const char *run_id, int force, uint64_t seq,
+                         uint8_t out[GIFT_AUTH_MAC_BYTES])
+{
+    crypto_auth_hmacsha256_state st;
+    gift_auth_key_t ak;
+    size_t n = run_id != NULL ? strnlen(run_id, 64) : 0;
+    uint8_t f = force ? 1 : 0;
+
+    gift_auth_rank_key(key, GIFT_AUTH_ADMIN_RANK, &ak);
+    crypto_auth_hmacsha256_init(&st, ak.bytes, ak.len);
+    sodium_memzero(&ak, sizeof ak);
+    crypto_auth_hmacsha256_update(&st, (const uint8_t *)RESET_LABEL, sizeof RESET_LABEL - 1);
+    crypto_auth_hmacsha256_update(&st, server_nonce, GIFT_AUTH_NONCE_BYTES);
+    crypto_auth_hmacsha256_update(&st, client_nonce, GIFT_AUTH_NONCE_BYTES);
+    put_le32(&st, (uint32_t)n);
+    if (n > 0)
+        crypto_auth_hmacsha256_update(&st, (const uint8_t *)run_id, n);
+    crypto_auth_hmacsha256_update(&st, &f, 1);
+    put_le32(&st, (uint32_t)seq);
+    put_le32(&st, (uint32_t)(seq >> 32));
     crypto_auth_hmacsha256_final(&st, out);
     sodium_memzero(&st, sizeof st);
 }

@@ -518,6 +518,10 @@ const char *gift_msg_name(const Gift__Envelope *env)
         return "stats";
     case GIFT__ENVELOPE__MSG_AUTH_CHALLENGE:
         return "auth_challenge";
+    case GIFT__ENVELOPE__MSG_RESET:
+        return "reset";
+    case GIFT__ENVELOPE__MSG_RESET_ACK:
+        return "reset_ack";
     default:
         return "unknown";
     }

@@ -90,6 +90,20 @@ void gift_auth_ack_mac(const gift_auth_key_t *key, uint32_t rank, const uint8_t 
                        const uint8_t *client_nonce, const uint8_t *hello_mac,
                        uint8_t out[GIFT_AUTH_MAC_BYTES]);
 
+/* The rank number no worker has (ranks are below 65536): its key, derived
+ * from the shared secret like any rank's, is the administrator's, which a
+ * rank key file cannot derive (gift_auth_rank_key). */
+#define GIFT_AUTH_ADMIN_RANK 0xFFFFFFFFu
+
+/* giftctl reset's proof (gift.proto, Reset): HMAC-SHA256(K_admin,
+ * "giftd-auth-v2 reset" || server_nonce || client_nonce || le32 len(run_id)
+ * || run_id || u8 force || le64 seq), with K_admin the key of
+ * GIFT_AUTH_ADMIN_RANK: only the holder of the shared secret can make it.
+ * run_id is NULL or a string of at most 64 bytes. */
+void gift_auth_reset_mac(const gift_auth_key_t *key, const uint8_t *server_nonce,
+                         const uint8_t *client_nonce, const char *run_id, int force, uint64_t seq,
+                         uint8_t out[GIFT_AUTH_MAC_BYTES]);
+
 /* Constant-time check that got (len bytes) equals want. Returns 0 or
  * GIFT_EAUTH (also when len is not GIFT_AUTH_MAC_BYTES). */
 int gift_auth_verify(const uint8_t *got, size_t len, const uint8_t want[GIFT_AUTH_MAC_BYTES]);

@@ -9,6 +9,7 @@
 
 #include "admit.h"
 #include "gift_codec.h"
+#include "log.h"
 #include "send.h"
 
 #define send_error gift__send_error
@@ -148,7 +149,7 @@ int gift__admit_geometry_shape(const gift_shard_t *s, tensor_t *t, const Gift__T
 }
 
 /* The newest base step over the shard's started chunks (0 when none). */
-static uint64_t newest_base(const gift_shard_t *s)
+uint64_t gift__admit_newest_base(const gift_shard_t *s)
 {
     uint64_t b = 0;
     for (size_t i = 0; i < s->nchunks; i++)
@@ -162,7 +163,7 @@ static uint64_t newest_base(const gift_shard_t *s)
  * GIFT_ESTEP after answering it. */
 int gift__admit_first_step(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const Gift__Push *m)
 {
-    uint64_t newest = newest_base(s);
+    uint64_t newest = gift__admit_newest_base(s);
     if (m->step <= newest || m->step - newest <= s->o.max_step_ahead)
         return 0;
     send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
@@ -198,4 +199,59 @@ int gift__admit_epoch_plausible(const chunk_t *ch, uint64_t step, uint32_t epoch
     if (r != NULL && r->valid && r->step == ch->base - 1 && epoch < r->epoch)
         return 0;
     return epoch <= epoch_bound_u64(ch, step);
+}
+
+int gift__admit_run_id(gift_shard_t *s, gift_peer_t *p, const char *run_id)
+{
+    if (s->run_id[0] == '\0' || run_id[0] == '\0' || strcmp(s->run_id, run_id) == 0)
+        return 0;
+    send_error(s, p, GIFT_ERUNID, 1, 0, 0, 0, 0,
+               "shard %u holds the state of run '%s'; this worker presents run '%s' "
+               "(GIFT_RUN_ID): once that run is over, reset the shard (`giftctl reset --servers "
+               "HOST:PORT --run-id %s`, its address), or restart giftd with --reset or with a "
+               "fresh data directory",
+               s->o.shard_id, s->run_id, run_id, s->run_id);
+    GIFT_LOG_WARN(p->id, "refused a worker of run '%s': this shard holds run '%s'",
+                  run_id, s->run_id);
+    return GIFT_ERUNID;
+}
+
+/* A worker's progress (Hello.resume_step) says it received the mean of step
+ * resume - 1 from this shard; a pull is answered only once its step is
+ * finished (and durable, with checkpoints), so the shard's newest base step
+ * is at least resume, unless the shard lost that state. */
+int gift__admit_resume(gift_shard_t *s, gift_peer_t *p, uint64_t resume)
+{
+    uint64_t newest = gift__admit_newest_base(s);
+    char held[96];
+    if (resume <= newest)
+        return 0;
+    if (!s->declared)
+        snprintf(held, sizeof held, "it holds no tensors (it started empty)");
+    else if (newest == 0)
+        snprintf(held, sizeof held, "it has finished no step");
+    else
+        snprintf(held, sizeof held, "its newest finished step is %" PRIu64, newest - 1);
+    send_error(s, p, GIFT_ESTATE, 1, 0, 0, resume - 1, 0,
+               "shard %u lost this run's state: the worker has the mean of step %" PRIu64
+               " from it, but %s. It was restarted without checkpoints (or on another data "
+               "directory); the run cannot continue exactly. Restart the whole run, and run giftd "
+               "with --checkpoint-steps N --data-dir DIR so that a restarted shard resumes",
+               s->o.shard_id, resume - 1, held);
+    GIFT_LOG_ERROR(p->id, "refused a worker: it received the mean of step %" PRIu64
+                   " from this shard, but %s (restarted without checkpoints?)",
+                   resume - 1, held);
+    /* The workers already back (none had pulled from it: it has finished no
+     * step) wait for a step the refused one will never push: tell them now
+     * rather than at their timeout. */
+    for (uint32_t r = 0; newest == 0 && r < s->by_rank_len; r++) {
+        gift_peer_t *q = s->by_rank[r];
+        if (q != NULL && q != p && !q->closing)
+            send_error(s, q, GIFT_ESTATE, 1, 0, 0, resume - 1, 0,
+                       "shard %u lost this run's state: another worker has the mean of step "
+                       "%" PRIu64 " from it, but %s. Restart the whole run, and run giftd with "
+                       "--checkpoint-steps N --data-dir DIR so that a restarted shard resumes",
+                       s->o.shard_id, resume - 1, held);
+    }
+    return GIFT_ESTATE;
 }

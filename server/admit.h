@@ -2,8 +2,8 @@
  * admit.h: what the shard admits from a peer before it acts (admit.c):
  * the memory a Declare needs against max_memory, the shape of a geometry
  * tensor, one connection's share of the parked pulls, how far ahead a
- * chunk's first push may be and which epochs a non-owner shard accepts.
- * Every figure computed from wire fields saturates instead of wrapping.
+ * chunk's first push may be, which epochs a non-owner shard accepts, and
+ * the run id and progress a Hello presents. Every figure computed from wire fields saturates instead of wrapping.
  * admit.c reads shard state (shard_internal.h) and answers through
  * send.c; it calls nothing of shard.c.
  */
@@ -47,6 +47,21 @@ int gift__admit_geometry_shape(const gift_shard_t *s, tensor_t *t, const Gift__T
 /* A chunk's first push m may be at most max_step_ahead past the shard's
  * newest step. Returns 0, or GIFT_ESTEP after sending p the Error. */
 int gift__admit_first_step(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const Gift__Push *m);
+
+/* The newest base step over the shard's started chunks: the newest
+ * finished step + 1 (0 when none has finished). */
+uint64_t gift__admit_newest_base(const gift_shard_t *s);
+
+/* Refuses peer p when the shard holds the state of a run other than
+ * run_id (both non-empty): a fatal GIFT_ERUNID naming both runs and how to
+ * reset (giftctl reset). Returns it, or 0 when the run ids agree. */
+int gift__admit_run_id(gift_shard_t *s, gift_peer_t *p, const char *run_id);
+
+/* Refuses peer p whose Hello says it received the mean of step resume - 1
+ * from this shard when the shard has not finished that step (it lost its
+ * state): a fatal GIFT_ESTATE naming the steps and the fix. Returns it, or
+ * 0 (resume 0, or within what the shard holds). */
+int gift__admit_resume(gift_shard_t *s, gift_peer_t *p, uint64_t resume);
 
 /* On a shard that does not own the geometry: the largest epoch a push for
  * step may carry, and whether epoch is plausible for step. */

@@ -179,6 +179,19 @@ static int journal_sync(gift_shard_t *s)
     return rc;
 }
 
+/* giftctl reset: the files go as with giftd --reset; a new, empty log of
+ * generation 0 takes the next run's records. */
+static int journal_reset(gift_shard_t *s, char *err, size_t errlen)
+{
+    int rc;
+    gift_log_close(&s->log);
+    s->gen = 0;
+    s->ckpt_next = 0;
+    if ((rc = gift_ckpt_discard(s->dir, err, errlen)) < 0)
+        return rc;
+    return gift_log_open(&s->log, s->dir, 0, 1, err, errlen);
+}
+
 static const gift_shard_journal_t persist_journal = {
     .declare = journal_declare,
     .step = log_step,
@@ -186,6 +199,7 @@ static const gift_shard_journal_t persist_journal = {
     .epoch = log_epoch,
     .sync = journal_sync,
     .steps_done = maybe_checkpoint,
+    .reset = journal_reset,
 };
 
 /* ------------------------------------------------------------------ */

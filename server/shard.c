@@ -19,6 +19,7 @@
 #include "log.h"
 #include "owner.h"
 #include "peers.h"
+#include "reset.h"
 #include "send.h"
 #include "shard_internal.h"
 #include "stats.h"
@@ -441,23 +442,6 @@ void gift__shard_store_free(gift_shard_t *s)
     store_free(s);
 }
 
-/* Refuses peer p when the shard holds the state of a run other than p's
- * (both run ids non-empty): answers GIFT_ERUNID, fatal, with both ids and
- * the ways to reset, and returns it; 0 when the run ids agree. */
-static int check_run_id(gift_shard_t *s, gift_peer_t *p, const char *run_id)
-{
-    if (s->run_id[0] == '\0' || run_id[0] == '\0' || strcmp(s->run_id, run_id) == 0)
-        return 0;
-    send_error(s, p, GIFT_ERUNID, 1, 0, 0, 0, 0,
-               "shard %u holds the state of run '%s'; this worker presents run '%s' "
-               "(GIFT_RUN_ID): reset the shard with `giftctl reset` (restart giftd with "
-               "--reset) or start it with a fresh data directory",
-               s->o.shard_id, s->run_id, run_id);
-    GIFT_LOG_WARN(p->id, "refused a worker of run '%s': this shard holds run '%s'",
-                  run_id, s->run_id);
-    return GIFT_ERUNID;
-}
-
 static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d_in)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
@@ -473,7 +457,7 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
     int rc;
 
     dk.run_id = p->run_id;
-    if (check_run_id(s, p, p->run_id) < 0)
+    if (gift__admit_run_id(s, p, p->run_id) < 0)
         return GIFT_ERUNID;
     gift_digest_bytes(digest, want);
     if (d->digest.len != 8 || memcmp(d->digest.data, want, 8) != 0) {
@@ -591,6 +575,7 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
         gift_auth_ack_mac(s->o.auth, h->rank, p->nonce, h->client_nonce.data, h->auth_mac.data, mac);
         ack.auth_mac.data = mac;
         ack.auth_mac.len = sizeof mac;
+        memcpy(p->cnonce, h->client_nonce.data, sizeof p->cnonce); /* for a Reset's MAC */
     }
     if (h->world_size == 0 || h->world_size > 65536) {
         send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u out of range 1..65536",
@@ -613,8 +598,10 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
         return GIFT_EPROTO;
     }
     snprintf(p->run_id, sizeof p->run_id, "%s", h->run_id ? h->run_id : "");
-    if (check_run_id(s, p, p->run_id) < 0)
+    if (gift__admit_run_id(s, p, p->run_id) < 0)
         return GIFT_ERUNID;
+    if (gift__admit_resume(s, p, h->resume_step) < 0)
+        return GIFT_ESTATE;
     if (s->declared && h->cluster_digest.len > 0) {
         gift_digest_bytes(s->digest, dg);
         if (h->cluster_digest.len != 8 || memcmp(h->cluster_digest.data, dg, 8) != 0) {
@@ -1127,7 +1114,7 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
         if (rc < 0)
             return rc;
     }
-    if (env->msg_case != GIFT__ENVELOPE__MSG_DECLARE &&
+    if (env->msg_case != GIFT__ENVELOPE__MSG_DECLARE && env->msg_case != GIFT__ENVELOPE__MSG_RESET &&
         env->msg_case != GIFT__ENVELOPE__MSG_STATS_REQUEST && !s->declared) {
         send_error(s, p, GIFT_ENOKEY, 0, 0, 0, 0, 0, "%s before any Declare on this shard",
                    gift_msg_name(env));
@@ -1146,6 +1133,8 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
         return handle_geometry_request(s, p, env->geometry_request);
     case GIFT__ENVELOPE__MSG_STATS_REQUEST:
         return handle_stats(s, p, env->stats_request);
+    case GIFT__ENVELOPE__MSG_RESET:
+        return gift__reset(s, p, env->reset);
     default:
         send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "a client may not send %s",
                    gift_msg_name(env));

@@ -39,6 +39,7 @@ struct gift_peer {
     parked_t *parked;
     int challenged;                       /* authentication: an AuthChallenge was sent */
     uint8_t nonce[GIFT_AUTH_NONCE_BYTES]; /* ... with this server nonce */
+    uint8_t cnonce[GIFT_AUTH_NONCE_BYTES]; /* the client nonce of its authenticated Hello */
     uint32_t world;   /* the world size its Hello gave */
     uint32_t nparked; /* its entries in the parked pool */
     int claimed;      /* it holds s->by_rank[rank]: the rank's one live connection */
@@ -112,6 +113,10 @@ typedef struct gift_shard_journal {
     int (*sync)(gift_shard_t *s);
     /* Steps finished: writes a checkpoint when one is due. */
     void (*steps_done)(gift_shard_t *s);
+    /* giftctl reset, the store already dropped: removes the checkpoint and
+     * every step log and starts an empty log of generation 0. 0, or
+     * GIFT_EIO with a sentence in err. */
+    int (*reset)(gift_shard_t *s, char *err, size_t errlen);
 } gift_shard_journal_t;
 
 static inline uint64_t now_ns(const gift_shard_t *s)

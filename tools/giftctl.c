@@ -8,9 +8,12 @@
  *                              the ranks that have not pushed it, codecs,
  *                              geometry epoch, bytes, boundary-hit rate
  *   giftctl [OPTIONS] stats    per shard: the protocol counters
- *   giftctl reset              how to make shards drop a run's state (they
- *                              cannot yet be told over the wire: it says
- *                              so, names giftd --reset, and exits 1)
+ *   giftctl [OPTIONS] reset    makes each shard drop all of its state (the
+ *                              declared tensors, steps, run id, and its
+ *                              checkpoint and step logs): a Reset after the
+ *                              Hello; refused while workers are connected
+ *                              (--force closes them) or when --run-id names
+ *                              another run
  *
  * status and stats speak the worker protocol (proto/gift.proto): a Hello
  * named "giftctl", then a StatsRequest. A Hello must carry the cluster's
@@ -22,7 +25,9 @@
  * boundary-hit rate come from the Stats message when the shard fills them,
  * else from /metrics. A shard with an auth_key_file challenges the Hello;
  * giftctl answers with the key of --auth-key-file / $GIFT_AUTH_KEY_FILE
- * (gift_auth.h) and checks the shard's proof in the HelloAck.
+ * (gift_auth.h) and checks the shard's proof in the HelloAck; a reset also
+ * carries the administrator's MAC (gift_auth_reset_mac), which only the
+ * shared secret makes, never a worker's rank key.
  *
  * Exit codes: 0 every shard answered (ping: and is live/ready); 1 some shard
  * did not, or refused; 2 usage error or a key file that cannot be loaded.
@@ -51,7 +56,7 @@
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
 
-typedef enum { CMD_PING, CMD_STATUS, CMD_STATS } cmd_t;
+typedef enum { CMD_PING, CMD_STATUS, CMD_STATS, CMD_RESET } cmd_t;
 
 typedef struct opts {
     cmd_t cmd;
@@ -62,6 +67,8 @@ typedef struct opts {
     char *servers;             /* "h:p,h:p" */
     const char *auth_key_file; /* NULL/empty: no authentication */
     char *http;                /* "h:p,h:p", "off", or NULL: each server's port + 1 */
+    const char *run_id;        /* reset: only a shard holding this run (NULL: any) */
+    int force;                 /* reset: even with workers connected */
 } opts_t;
 
 /* One shard's endpoint and what we learned from it. */
@@ -532,23 +539,37 @@ static void error_text(const Gift__Error *e, char *err, size_t errlen)
              e->text && *e->text ? e->text : gift_strerror(e->code));
 }
 
-/* Says hello with world size `world` and asks for Stats. Returns 0 and *out,
- * a copy that outlives the connection (the caller frees it with
- * gift__stats__free_unpacked), or -1 with a sentence in err. */
-static int fetch_stats(const endpoint_t *e, uint32_t world, const gift_auth_key_t *key,
-                       double deadline, Gift__Stats **out, char *err, size_t errlen)
+/* A connection that has said hello, and the nonces of its handshake. */
+typedef struct session {
+    conn_t c;
+    uint32_t shard_id;
+    uint8_t cnonce[GIFT_AUTH_NONCE_BYTES], snonce[GIFT_AUTH_NONCE_BYTES];
+} session_t;
+
+static void session_close(session_t *x)
+{
+    gift_reader_free(x->c.rd);
+    if (x->c.fd >= 0)
+        close(x->c.fd);
+    x->c.rd = NULL;
+    x->c.fd = -1;
+}
+
+/* Connects and says hello with world size `world` (answering the challenge
+ * with key, and checking the shard's proof). Returns 0 with *x open, or -1
+ * with a sentence in err (*x closed). */
+static int session_open(const endpoint_t *e, uint32_t world, const gift_auth_key_t *key,
+                        double deadline, session_t *x, char *err, size_t errlen)
 {
     conn_t c = {.fd = -1, .rd = NULL, .deadline = deadline};
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__Hello hello = GIFT__HELLO__INIT;
-    Gift__StatsRequest req = GIFT__STATS_REQUEST__INIT;
     gift_frame_t f;
     gift_limits_t lim = {.max_header_bytes = 64u << 20, .max_frame_bytes = 0};
-    uint8_t cnonce[GIFT_AUTH_NONCE_BYTES], snonce[GIFT_AUTH_NONCE_BYTES];
+    uint8_t *cnonce = x->cnonce, *snonce = x->snonce;
     uint8_t mac[GIFT_AUTH_MAC_BYTES], want[GIFT_AUTH_MAC_BYTES];
     int rc = -1, challenged = 0;
 
-    *out = NULL;
     if ((c.fd = tcp_connect(e->host, e->port, deadline, err, errlen)) < 0)
         return -1;
     if ((c.rd = gift_reader_new(&lim)) == NULL) {
@@ -565,7 +586,7 @@ static int fetch_stats(const endpoint_t *e, uint32_t world, const gift_auth_key_
             goto out;
         }
         hello.client_nonce.data = cnonce;
-        hello.client_nonce.len = sizeof cnonce;
+        hello.client_nonce.len = GIFT_AUTH_NONCE_BYTES;
     }
     env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
     env.hello = &hello;
@@ -588,7 +609,7 @@ static int fetch_stats(const endpoint_t *e, uint32_t world, const gift_auth_key_
             snprintf(err, errlen, "unexpected authentication challenge (version %u)", ch->version);
             goto out;
         }
-        memcpy(snonce, ch->server_nonce.data, sizeof snonce);
+        memcpy(snonce, ch->server_nonce.data, GIFT_AUTH_NONCE_BYTES);
         gift_auth_hello_mac(key, snonce, &hello, mac);
         hello.auth_mac.data = mac;
         hello.auth_mac.len = sizeof mac;
@@ -616,6 +637,32 @@ static int fetch_stats(const endpoint_t *e, uint32_t world, const gift_auth_key_
             goto out;
         }
     }
+    x->shard_id = f.env->hello_ack->shard_id;
+    rc = 0;
+out:
+    x->c = c;
+    if (rc < 0)
+        session_close(x);
+    return rc;
+}
+
+/* Says hello with world size `world` and asks for Stats. Returns 0 and *out,
+ * a copy that outlives the connection (the caller frees it with
+ * gift__stats__free_unpacked), or -1 with a sentence in err. */
+static int fetch_stats(const endpoint_t *e, uint32_t world, const gift_auth_key_t *key,
+                       double deadline, Gift__Stats **out, char *err, size_t errlen)
+{
+    session_t x;
+    conn_t c;
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__StatsRequest req = GIFT__STATS_REQUEST__INIT;
+    gift_frame_t f;
+    int rc = -1;
+
+    *out = NULL;
+    if (session_open(e, world, key, deadline, &x, err, errlen) < 0)
+        return -1;
+    c = x.c;
     req.seq = 1;
     env.msg_case = GIFT__ENVELOPE__MSG_STATS_REQUEST;
     env.stats_request = &req;
@@ -650,8 +697,75 @@ static int fetch_stats(const endpoint_t *e, uint32_t world, const gift_auth_key_
     }
     rc = 0;
 out:
-    gift_reader_free(c.rd);
-    close(c.fd);
+    session_close(&x);
+    return rc;
+}
+
+/* What a shard said to a Reset. */
+typedef struct reset_result {
+    int ok;
+    uint32_t shard_id;
+    char run_id[72];
+    uint32_t tensors, closed;
+    uint64_t steps;
+    int files;
+} reset_result_t;
+
+/* Says hello and sends a Reset (with the administrator's MAC when key is
+ * set). Returns 0 with *r, or -1 with a sentence in err (a refusal quotes
+ * the shard). */
+static int send_reset(const opts_t *o, const endpoint_t *e, uint32_t world,
+                      const gift_auth_key_t *key, double deadline, reset_result_t *r, char *err,
+                      size_t errlen)
+{
+    session_t x;
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Reset req = GIFT__RESET__INIT;
+    uint8_t mac[GIFT_AUTH_MAC_BYTES];
+    gift_frame_t f;
+    int rc = -1;
+
+    memset(r, 0, sizeof *r);
+    if (session_open(e, world, key, deadline, &x, err, errlen) < 0)
+        return -1;
+    r->shard_id = x.shard_id;
+    req.run_id = (char *)(o->run_id ? o->run_id : "");
+    req.force = o->force;
+    req.seq = 1;
+    if (key != NULL) {
+        gift_auth_reset_mac(key, x.snonce, x.cnonce, req.run_id, req.force, req.seq, mac);
+        req.auth_mac.data = mac;
+        req.auth_mac.len = sizeof mac;
+    }
+    env.msg_case = GIFT__ENVELOPE__MSG_RESET;
+    env.reset = &req;
+    if (conn_send(&x.c, &env) < 0) {
+        snprintf(err, errlen, "sending Reset failed");
+        goto out;
+    }
+    for (;;) {
+        if (conn_next(&x.c, &f, err, errlen) < 0)
+            goto out;
+        if (f.env->msg_case == GIFT__ENVELOPE__MSG_ERROR) {
+            error_text(f.env->error, err, errlen);
+            goto out;
+        }
+        if (f.env->msg_case == GIFT__ENVELOPE__MSG_RESET_ACK)
+            break;
+    }
+    {
+        const Gift__ResetAck *a = f.env->reset_ack;
+        r->ok = 1;
+        r->shard_id = a->shard_id;
+        snprintf(r->run_id, sizeof r->run_id, "%.64s", a->run_id ? a->run_id : "");
+        r->tensors = a->tensors;
+        r->closed = a->closed;
+        r->steps = a->steps;
+        r->files = a->files;
+    }
+    rc = 0;
+out:
+    session_close(&x);
     return rc;
 }
 
@@ -878,6 +992,79 @@ static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
     return bad ? EXIT_FAIL : 0;
 }
 
+/* giftctl reset: per shard a Reset, and what it dropped or why not. */
+static int run_reset(const opts_t *o, const endpoint_t *eps, int n, const gift_auth_key_t *key)
+{
+    int bad = 0;
+    if (o->json)
+        printf("{\"command\":\"reset\",\"shards\":[");
+    for (int i = 0; i < n; i++) {
+        const endpoint_t *e = &eps[i];
+        double deadline = now_s() + o->timeout;
+        metrics_view_t m;
+        reset_result_t r = {0};
+        char err[600] = "";
+        long world;
+        {
+            char cerr[400];
+            int fd = tcp_connect(e->host, e->port, deadline, cerr, sizeof cerr);
+            if (fd < 0) {
+                snprintf(err, sizeof err, "shard protocol port: %s (is giftd running there? "
+                         "check --servers / GIFT_SERVERS)", cerr);
+                memset(&m, 0, sizeof m);
+                goto report;
+            }
+            close(fd);
+        }
+        metrics_read(e, deadline, &m);
+        /* A Hello must carry the shard's world size; a shard that has none
+         * yet (nothing declared) takes any. */
+        world = world_for(o, &m, err, sizeof err);
+        if (world > 65536) {
+            snprintf(err, sizeof err, "world size %ld out of range", world);
+            world = -1;
+        }
+        if (world >= 0)
+            (void)send_reset(o, e, world > 0 ? (uint32_t)world : 1, key, deadline, &r, err,
+                             sizeof err);
+    report:
+        bad |= !r.ok;
+        if (o->json) {
+            printf("%s{\"server\":", i ? "," : "");
+            json_str(stdout, e->host);
+            printf(",\"port\":%s,\"ok\":%s", e->port, r.ok ? "true" : "false");
+            if (r.ok) {
+                printf(",\"shard_id\":%u,\"run_id\":", r.shard_id);
+                json_str(stdout, r.run_id);
+                printf(",\"tensors\":%u,\"steps\":%" PRIu64 ",\"closed\":%u,\"files\":%s",
+                       r.tensors, r.steps, r.closed, r.files ? "true" : "false");
+            } else {
+                printf(",\"error\":");
+                json_str(stdout, err);
+            }
+            printf("}");
+        } else if (r.ok) {
+            printf("shard %s:%s (id %u): reset: ", e->host, e->port, r.shard_id);
+            if (r.tensors == 0 && r.run_id[0] == '\0')
+                printf("it held nothing");
+            else
+                printf("dropped %s%s%s, %u tensors, steps below %" PRIu64,
+                       r.run_id[0] ? "run '" : "the state of a run without a run id",
+                       r.run_id, r.run_id[0] ? "'" : "", r.tensors, r.steps);
+            if (r.closed)
+                printf(", closed %u worker connection%s", r.closed, r.closed == 1 ? "" : "s");
+            printf("%s; it adopts the next run\n",
+                   r.files ? ", removed its checkpoint and step logs" : "");
+        } else {
+            printf("shard %s:%s: NOT RESET: %s\n", e->host, e->port, err);
+        }
+        free(m.hits);
+    }
+    if (o->json)
+        printf("],\"ok\":%s}\n", bad ? "false" : "true");
+    return bad ? EXIT_FAIL : 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* main                                                                  */
 /* ------------------------------------------------------------------ */
@@ -887,7 +1074,7 @@ static void usage(FILE *f)
     fprintf(f, "Usage: giftctl [OPTION...] ping|status|stats|reset\n"
                "       giftctl --auth-key-file SECRET rank-key RANK > rank.key\n"
                "\n"
-               "Asks running giftd shards how they are.\n"
+               "Asks running giftd shards how they are, or resets them.\n"
                "\n"
                "Commands:\n"
                "  ping     each shard accepts connections and its /livez (with --ready:\n"
@@ -897,8 +1084,10 @@ static void usage(FILE *f)
                "           boundary-hit rate of the pull codec\n"
                "  stats    per shard: frames, bytes, pushes, pulls, finished steps,\n"
                "           connections\n"
-               "  reset    says how to make the shards drop a run's state (restart them\n"
-               "           with giftd --reset); shards cannot yet be reset over the wire\n"
+               "  reset    makes each shard drop all of its state: tensors, steps, run id\n"
+               "           and its checkpoint and step logs, so that the next run starts\n"
+               "           there; refused while workers are connected (see --force) or\n"
+               "           when --run-id names another run; prints what each shard did\n"
                "  rank-key RANK  prints the key file of one rank, derived from the shared\n"
                "           secret: give each worker only its own (GIFT_AUTH_KEY_FILE), and\n"
                "           it cannot authenticate as another rank\n"
@@ -912,15 +1101,20 @@ static void usage(FILE *f)
                "                      from /metrics, else $GIFT_WORLD or $WORLD_SIZE)\n"
                "  -t, --timeout SEC   per shard (default 5)\n"
                "      --ready         ping: require /readyz rather than /livez\n"
-               "      --auth-key-file FILE  the shards' shared secret, for status and stats\n"
-               "                      against shards with auth_key_file set (default\n"
-               "                      $GIFT_AUTH_KEY_FILE); ping needs none\n"
+               "      --run-id ID     reset: only a shard holding run ID (GIFT_RUN_ID)\n"
+               "      --force         reset: even with workers connected (they are closed\n"
+               "                      and fail with GIFT_ESTATE)\n"
+               "      --auth-key-file FILE  the shards' shared secret, for status, stats and\n"
+               "                      reset against shards with auth_key_file set (default\n"
+               "                      $GIFT_AUTH_KEY_FILE; reset needs the secret itself, not\n"
+               "                      a rank key); ping needs none\n"
                "  -j, --json          one JSON object on stdout\n"
                "  -h, --help          this text\n"
                "      --version       the version\n"
                "\n"
                "Exit status: 0 every shard answered (ping: and is live or ready),\n"
-               "1 some shard did not or refused, 2 usage error or unusable key file.\n");
+               "1 some shard did not or refused (reset: was not reset), 2 usage error or\n"
+               "unusable key file.\n");
 }
 
 int main(int argc, char **argv)
@@ -932,6 +1126,8 @@ int main(int argc, char **argv)
                                        {"ready", no_argument, NULL, 'r'},
                                        {"json", no_argument, NULL, 'j'},
                                        {"auth-key-file", required_argument, NULL, 'k'},
+                                       {"run-id", required_argument, NULL, 'R'},
+                                       {"force", no_argument, NULL, 'F'},
                                        {"help", no_argument, NULL, 'h'},
                                        {"version", no_argument, NULL, 'V'},
                                        {NULL, 0, NULL, 0}};
@@ -969,6 +1165,17 @@ int main(int argc, char **argv)
             break;
         case 'k':
             o.auth_key_file = optarg;
+            break;
+        case 'R':
+            if (optarg[0] == '\0' || strlen(optarg) > 64) {
+                fprintf(stderr, "giftctl: --run-id wants 1 to 64 bytes, got %zu\n",
+                        strlen(optarg));
+                return EXIT_USAGE;
+            }
+            o.run_id = optarg;
+            break;
+        case 'F':
+            o.force = 1;
             break;
         case 'j':
             o.json = 1;
@@ -1022,17 +1229,9 @@ int main(int argc, char **argv)
         o.cmd = CMD_STATUS;
     else if (strcmp(argv[optind], "stats") == 0)
         o.cmd = CMD_STATS;
-    else if (strcmp(argv[optind], "reset") == 0) {
-        /* A reset over the wire (authenticated, persisted) is not built yet:
-         * say exactly what does it instead, and do not pretend it happened. */
-        fprintf(stderr,
-                "giftctl: reset: shards cannot be reset over the wire yet; nothing was changed.\n"
-                "  To drop a run's state (a shard refusing a new run with GIFT_ERUNID):\n"
-                "  restart each shard with `giftd --reset` (it discards the checkpoint and\n"
-                "  step logs of its data_dir), or with a fresh data directory; a shard\n"
-                "  without persistence (checkpoint_steps 0) starts empty when restarted.\n");
-        return 1;
-    } else {
+    else if (strcmp(argv[optind], "reset") == 0)
+        o.cmd = CMD_RESET;
+    else {
         fprintf(stderr, "giftctl: unknown command \"%s\"\n", argv[optind]);
         usage(stderr);
         return EXIT_USAGE;
@@ -1056,9 +1255,23 @@ int main(int argc, char **argv)
         if (warn[0])
             fprintf(stderr, "giftctl: warning: %s\n", warn);
         have_key = 1;
+        if (o.cmd == CMD_RESET && key.rank_bound) {
+            fprintf(stderr, "giftctl: reset: %s holds rank %u's key; a reset needs the shards' "
+                    "shared secret (their auth_key_file)\n", o.auth_key_file, key.rank);
+            gift_auth_key_clear(&key);
+            free(eps);
+            return EXIT_USAGE;
+        }
     }
-    rc = o.cmd == CMD_PING ? run_ping(&o, eps, n)
-                           : run_status_or_stats(&o, eps, n, have_key ? &key : NULL);
+    if ((o.run_id || o.force) && o.cmd != CMD_RESET) {
+        fprintf(stderr, "giftctl: --run-id and --force are options of reset only\n");
+        gift_auth_key_clear(&key);
+        free(eps);
+        return EXIT_USAGE;
+    }
+    rc = o.cmd == CMD_PING    ? run_ping(&o, eps, n)
+         : o.cmd == CMD_RESET ? run_reset(&o, eps, n, have_key ? &key : NULL)
+                              : run_status_or_stats(&o, eps, n, have_key ? &key : NULL);
     gift_auth_key_clear(&key);
     free(eps);
     fflush(stdout);

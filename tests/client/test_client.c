@@ -14,9 +14,12 @@
  *               nvfp4 ~0.134 < 0.15.
  *   frames      a Llama-shaped list (~100 small tensors, a few large ones):
  *               a step costs exactly one frame per wire chunk each way.
- *   restart     one shard is SIGKILLed between the pushes and the pulls of a
- *               step and a fresh giftd takes its port: the workers reconnect,
- *               replay the pushes, and the run ends with exact results.
+ *   restart     one shard (with checkpoints) is SIGKILLed between the pushes
+ *               and the pulls of a step and a new giftd on its data directory
+ *               takes its port: the workers reconnect, replay the pushes, and
+ *               the run ends with exact results. (Without checkpoints the
+ *               restarted shard refuses them, GIFT_ESTATE: its state is gone;
+ *               tests/tools/lost_state_check.sh.)
  *   timeout     a pull whose step cannot finish fails with GIFT_ETIMEDOUT.
  *   errors      bad options and unreachable shards fail cleanly.
  *
@@ -84,6 +87,7 @@ typedef struct daemon {
     int port;
     int shard, nshards, world;
     char log[512];
+    char data_dir[512]; /* "": no checkpoints; else --checkpoint-steps 1 in it */
 } daemon_t;
 
 static daemon_t D[MAX_DAEMONS];
@@ -144,6 +148,12 @@ static void daemon_start(daemon_t *d, int shard, int nshards, int world, int por
     argv[argc++] = ns;
     argv[argc++] = (char *)"--world-size";
     argv[argc++] = ws;
+    if (d->data_dir[0] != '\0') {
+        argv[argc++] = (char *)"--checkpoint-steps";
+        argv[argc++] = (char *)"1";
+        argv[argc++] = (char *)"--data-dir";
+        argv[argc++] = d->data_dir;
+    }
     argv[argc] = NULL;
 
     d->pid = fork();
@@ -944,6 +954,10 @@ START_TEST(test_restart)
     char servers[128];
     int port;
 
+    const char *tmp = getenv("TMPDIR");
+    snprintf(D[1].data_dir, sizeof D[1].data_dir, "%s/giftd-restart-XXXXXX",
+             tmp != NULL && *tmp ? tmp : "/tmp");
+    ck_assert_msg(mkdtemp(D[1].data_dir) != NULL, "mkdtemp: %s", strerror(errno));
     daemons_start(2, 3);
     servers_string(servers, sizeof servers);
     workers_start(w, 3, rs_worker, servers);
@@ -975,6 +989,12 @@ START_TEST(test_restart)
     printf("restart: %llu reconnects, %llu pushes replayed by worker 0\n",
            (unsigned long long)res[0].reconnects, (unsigned long long)res[0].replays);
     daemons_stop();
+    {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", D[1].data_dir);
+        ck_assert_int_eq(system(cmd), 0);
+        D[1].data_dir[0] = '\0';
+    }
 }
 END_TEST
 

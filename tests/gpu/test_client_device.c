@@ -28,8 +28,9 @@
  *             push with GIFT_ENONFINITE; the same step pushed again clean
  *             completes, exactly for f32; a host tensor of the same client
  *             keeps working.
- *   replay    one worker: a shard SIGKILLed after a device push was
- *             acknowledged and replaced on its port; the client replays the
+ *   replay    one worker: a shard (with checkpoints) SIGKILLed after a device
+ *             push was acknowledged and restarted on its port and data
+ *             directory; the client replays the
  *             push from its pinned copies (the device gradient poisoned by
  *             then) and the pull returns the same result (f32 exactly).
  *
@@ -40,6 +41,7 @@
 #endif
 
 #include <check.h>
+#include <errno.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -545,7 +547,11 @@ END_TEST
  * returns the same result as without the restart. */
 START_TEST(test_replay)
 {
-    static const char *const flags[] = {"--world-size", "1", NULL};
+    /* With checkpoints: a shard restarted empty would refuse the workers
+     * that pulled from it (GIFT_ESTATE) instead of taking the replay. */
+    char dir[256], rm[300];
+    const char *tmp = getenv("TMPDIR");
+    const char *flags[] = {"--world-size", "1", "--checkpoint-steps", "1", "--data-dir", dir, NULL};
     daemon_opts_t o = {.log_prefix = "giftd-clientdev-", .flags = flags};
     enum { ROWS = 64, COLS = 100, N = ROWS * COLS };
     gift_tensor_desc_t d[2];
@@ -557,6 +563,8 @@ START_TEST(test_replay)
     int rc;
 
     ck_assert(out != NULL);
+    snprintf(dir, sizeof dir, "%s/giftd-clientdev-XXXXXX", tmp != NULL && *tmp ? tmp : "/tmp");
+    ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
     daemon_start_opts(&o, NULL, 1);
     snprintf(port, sizeof port, "%d", D.port);
     c = open_client(0, 1);
@@ -635,6 +643,8 @@ START_TEST(test_replay)
     cudaFree(dout);
     free(out);
     daemon_teardown_ms(20000);
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
 }
 END_TEST
 

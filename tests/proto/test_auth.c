@@ -147,12 +147,52 @@ START_TEST(test_macs)
 }
 END_TEST
 
+/* giftctl reset's MAC: a function of every field, the connection's nonces
+ * and the shared secret; a rank key, whichever rank, cannot make it. */
+START_TEST(test_reset_mac)
+{
+    gift_auth_key_t k, rk;
+    char err[512], warn[512];
+    uint8_t sn[GIFT_AUTH_NONCE_BYTES], cn[GIFT_AUTH_NONCE_BYTES];
+    uint8_t m1[GIFT_AUTH_MAC_BYTES], m2[GIFT_AUTH_MAC_BYTES];
+
+    ck_assert_int_eq(gift_auth_key_load(key_file_write("reset", KEY, sizeof KEY - 1, 0600), &k,
+                                        err, sizeof err, warn, sizeof warn),
+                     0);
+    ck_assert_int_eq(gift_auth_nonce(sn), 0);
+    ck_assert_int_eq(gift_auth_nonce(cn), 0);
+    gift_auth_reset_mac(&k, sn, cn, "run-a", 0, 1, m1);
+    gift_auth_reset_mac(&k, sn, cn, "run-a", 0, 1, m2);
+    ck_assert_int_eq(gift_auth_verify(m2, sizeof m2, m1), 0);
+    gift_auth_reset_mac(&k, sn, cn, "run-b", 0, 1, m2);
+    ck_assert_msg(gift_auth_verify(m2, sizeof m2, m1) == GIFT_EAUTH, "the run id is not covered");
+    gift_auth_reset_mac(&k, sn, cn, "run-a", 1, 1, m2);
+    ck_assert_msg(gift_auth_verify(m2, sizeof m2, m1) == GIFT_EAUTH, "force is not covered");
+    gift_auth_reset_mac(&k, sn, cn, "run-a", 0, 2, m2);
+    ck_assert_msg(gift_auth_verify(m2, sizeof m2, m1) == GIFT_EAUTH, "the seq is not covered");
+    gift_auth_reset_mac(&k, cn, sn, "run-a", 0, 1, m2);
+    ck_assert_msg(gift_auth_verify(m2, sizeof m2, m1) == GIFT_EAUTH, "the nonces are not covered");
+    gift_auth_reset_mac(&k, sn, cn, NULL, 0, 1, m1);
+    gift_auth_reset_mac(&k, sn, cn, "", 0, 1, m2);
+    ck_assert_msg(gift_auth_verify(m2, sizeof m2, m1) == 0, "NULL and \"\" differ");
+    for (uint32_t r = 0; r < 3; r++) {
+        gift_auth_rank_key(&k, r == 2 ? 65535 : r, &rk);
+        gift_auth_reset_mac(&rk, sn, cn, "", 0, 1, m2);
+        ck_assert_msg(gift_auth_verify(m2, sizeof m2, m1) == GIFT_EAUTH,
+                      "rank %u's key makes the administrator's MAC", rk.rank);
+    }
+    gift_auth_key_clear(&rk);
+    gift_auth_key_clear(&k);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("proto_auth");
     TCase *tc = tcase_create("auth");
     tcase_add_test(tc, test_key_file);
     tcase_add_test(tc, test_macs);
+    tcase_add_test(tc, test_reset_mac);
     suite_add_tcase(s, tc);
     return gift_test_run(s, CK_ENV) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

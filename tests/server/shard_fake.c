@@ -263,6 +263,7 @@ int feed(fake_t *fp, Gift__Envelope *env, const void *payload, size_t len)
 }
 
 const char *g_run_id = "";
+uint64_t g_resume_step;
 
 int hello_raw(fake_t *fp, uint32_t version, uint32_t rank, uint32_t world, const uint8_t *digest,
               size_t dlen)
@@ -274,10 +275,23 @@ int hello_raw(fake_t *fp, uint32_t version, uint32_t rank, uint32_t world, const
     h.world_size = world;
     h.client_name = "test_shard";
     h.run_id = (char *)g_run_id;
+    h.resume_step = g_resume_step;
     h.cluster_digest.data = (uint8_t *)digest;
     h.cluster_digest.len = dlen;
     env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
     env.hello = &h;
+    return feed(fp, &env, NULL, 0);
+}
+
+int reset_raw(fake_t *fp, const char *run_id, int force, uint64_t seq)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Reset m = GIFT__RESET__INIT;
+    m.run_id = (char *)run_id;
+    m.force = force;
+    m.seq = seq;
+    env.msg_case = GIFT__ENVELOPE__MSG_RESET;
+    env.reset = &m;
     return feed(fp, &env, NULL, 0);
 }
 
@@ -774,6 +788,7 @@ void fx_base(void)
 {
     gift_shard_opts_t o;
     g_run_id = "";
+    g_resume_step = 0;
     memset(&o, 0, sizeof o);
     o.shard_id = 0;
     o.num_shards = 1;

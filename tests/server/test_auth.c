@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -300,16 +301,28 @@ START_TEST(test_client_refused)
 }
 END_TEST
 
-/* The shard restarts (SIGKILL, then the same port): the client reconnects,
- * authenticates again with a fresh nonce, declares again and goes on. */
+/* The shard restarts (SIGKILL, then the same port and data directory): the
+ * client reconnects, authenticates again with a fresh nonce, declares again
+ * and goes on. (A shard restarted empty would refuse it with GIFT_ESTATE.) */
 START_TEST(test_client_reconnect)
 {
     gift_client_t *c = NULL;
     gift_client_stats_t st;
-    char port[16];
+    char port[16], dir[256], cmd[300];
+    const char *tmp = getenv("TMPDIR");
     int rc, status;
 
-    start_auth_daemon();
+    snprintf(dir, sizeof dir, "%s/giftd-auth-XXXXXX", tmp != NULL && *tmp ? tmp : "/tmp");
+    ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
+    {
+        const char *extra[] = {"--auth-key-file", key_path(), "--log-level", "debug",
+                               "--world-size", "1", "--checkpoint-steps", "1",
+                               "--data-dir", dir, NULL};
+        char err[256], warn[256];
+        ck_assert_msg(gift_auth_key_load(extra[1], &K, err, sizeof err, warn, sizeof warn) == 0,
+                      "%s", err);
+        daemon_start(extra);
+    }
     rc = client_open_with(key_path(), &c);
     ck_assert_msg(rc == 0, "open: %s", gift_strerror(rc));
     client_steps(c, 0, 3);
@@ -321,7 +334,9 @@ START_TEST(test_client_reconnect)
     {
         const char *extra[] = {"--auth-key-file", key_path(),     "--log-level",
                                "debug",           "--world-size", "1",
-                               "--port",          port,           NULL};
+                               "--port",          port,           "--checkpoint-steps",
+                               "1",               "--data-dir",   dir,
+                               NULL};
         daemon_start(extra);
     }
     for (int s = 3; s < 6; s++) {
@@ -342,6 +357,78 @@ START_TEST(test_client_reconnect)
     gift_client_close(c);
     daemon_stop();
     ck_assert_msg(log_count("authenticated") >= 1, "log:\n%s", log_tail());
+    daemon_teardown();
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* The handshake of raw_hello_auth, keeping both nonces (for a Reset's MAC). */
+static void hello_keep(raw_t *c, const gift_auth_key_t *key, uint8_t *cn, uint8_t *sn)
+{
+    uint8_t mac[GIFT_AUTH_MAC_BYTES];
+    const gift_frame_t *f;
+    ck_assert(gift_auth_nonce(cn) == 0);
+    raw_send_hello(c, 0, 1, cn, NULL);
+    f = raw_expect(c, GIFT__ENVELOPE__MSG_AUTH_CHALLENGE, "first hello");
+    memcpy(sn, f->env->auth_challenge->server_nonce.data, GIFT_AUTH_NONCE_BYTES);
+    raw_hello_mac(key, sn, 0, 1, cn, mac);
+    raw_send_hello(c, 0, 1, cn, mac);
+    raw_expect(c, GIFT__ENVELOPE__MSG_HELLO_ACK, "authenticated hello");
+}
+
+static void send_reset(raw_t *c, const uint8_t *mac)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Reset m = GIFT__RESET__INIT;
+    m.run_id = "";
+    m.seq = 5;
+    m.auth_mac.data = (uint8_t *)mac;
+    m.auth_mac.len = mac ? GIFT_AUTH_MAC_BYTES : 0;
+    env.msg_case = GIFT__ENVELOPE__MSG_RESET;
+    env.reset = &m;
+    ck_assert_msg(raw_send(c, &env, NULL, 0) == 0, "send reset");
+}
+
+/* giftctl reset against a shard with a key: an authenticated Hello is not
+ * enough, the Reset needs the administrator's MAC over this connection's
+ * nonces, which a rank key (even rank 0's) cannot make and which does not
+ * carry over to another connection. */
+START_TEST(test_raw_reset)
+{
+    uint8_t cn[GIFT_AUTH_NONCE_BYTES], sn[GIFT_AUTH_NONCE_BYTES], mac[GIFT_AUTH_MAC_BYTES];
+    gift_auth_key_t rk;
+    raw_t c;
+
+    start_auth_daemon();
+    gift_auth_rank_key(&K, 0, &rk);
+    raw_open(&c); /* no MAC */
+    hello_keep(&c, &rk, cn, sn);
+    send_reset(&c, NULL);
+    raw_expect_error(&c, GIFT_EAUTH, 1, "a reset without a MAC");
+    ck_assert_msg(strstr(c.f.env->error->text, "shared secret") != NULL, "text: %s",
+                  c.f.env->error->text);
+    raw_close(&c);
+    raw_open(&c); /* rank 0's key: its Hello passes, its Reset does not */
+    hello_keep(&c, &rk, cn, sn);
+    gift_auth_reset_mac(&rk, sn, cn, "", 0, 5, mac);
+    send_reset(&c, mac);
+    raw_expect_error(&c, GIFT_EAUTH, 1, "a reset with a rank key");
+    raw_close(&c);
+    raw_open(&c); /* the secret's MAC of another connection */
+    gift_auth_reset_mac(&K, sn, cn, "", 0, 5, mac);
+    hello_keep(&c, &K, cn, sn);
+    send_reset(&c, mac);
+    raw_expect_error(&c, GIFT_EAUTH, 1, "a reset replayed from another connection");
+    raw_close(&c);
+    raw_open(&c); /* the secret */
+    hello_keep(&c, &K, cn, sn);
+    gift_auth_reset_mac(&K, sn, cn, "", 0, 5, mac);
+    send_reset(&c, mac);
+    ck_assert_msg(raw_expect(&c, GIFT__ENVELOPE__MSG_RESET_ACK, "reset")->env->reset_ack->seq == 5,
+                  "the ResetAck does not echo the seq");
+    raw_close(&c);
+    gift_auth_key_clear(&rk);
     daemon_teardown();
 }
 END_TEST
@@ -365,6 +452,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_client_right_key);
     tcase_add_test(tc, test_client_refused);
     tcase_add_test(tc, test_client_reconnect);
+    tcase_add_test(tc, test_raw_reset);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -2155,6 +2155,155 @@ START_TEST(test_run_id)
 }
 END_TEST
 
+/* Hello.resume_step: a worker that has the mean of step t from this shard
+ * (resume t + 1) is refused, fatally and naming the step and the fix, by a
+ * shard that has not finished step t: one that started empty, or one
+ * behind it. 0 (a new client) and steps the shard finished pass; a hostile
+ * value costs a comparison. */
+START_TEST(test_resume_step)
+{
+    static const uint64_t bad[] = {1, 2, 1000, UINT64_MAX};
+    const Gift__Error *e;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        g_resume_step = bad[i];
+        ck_assert_int_eq(hello_raw(&P[i], GIFT_PROTOCOL_VERSION, 0, W, NULL, 0), GIFT_ESTATE);
+        e = EXPECT_ERROR(&P[i], GIFT_ESTATE, 1);
+        ck_assert_msg(e->step == bad[i] - 1 && strstr(e->text, "shard 0 lost this run's state") &&
+                          strstr(e->text, "it holds no tensors") &&
+                          strstr(e->text, "Restart the whole run") &&
+                          strstr(e->text, "--checkpoint-steps"),
+                      "resume %" PRIu64 ": step %" PRIu64 ", text: %s", bad[i], e->step, e->text);
+    }
+    ck_assert_int_eq(C()->errors[-GIFT_ESTATE], 4);
+    g_resume_step = 0;
+    for (int r = 0; r < W; r++)
+        HELLO(&P[4 + r], (uint32_t)r, W);
+    for (int r = 0; r < W; r++)
+        DECLARE_OK(&P[4 + r], STD_T, STD_NT, STD_C, STD_NC);
+    /* Step 0 of every chunk finished: resume 1 passes, resume 2 does not. */
+    for (size_t ci = 0; ci < STD_NC; ci++)
+        for (int r = 0; r < W; r++)
+            PUSH_GRAD(&P[4 + r], STD_C[ci].key, STD_C[ci].chunk, 0, (uint32_t)r, 0);
+    QUIET_ALL();
+    for (int k = 4; k < 6; k++) { /* ranks 0 and 1 reconnect */
+        peer_gone(&P[k]);
+        peer_open(k);
+        P[k].gone = 0;
+    }
+    g_resume_step = 1;
+    HELLO(&P[4], 0, W);
+    g_resume_step = 2;
+    ck_assert_int_eq(hello_raw(&P[5], GIFT_PROTOCOL_VERSION, 1, W, NULL, 0), GIFT_ESTATE);
+    e = EXPECT_ERROR(&P[5], GIFT_ESTATE, 1);
+    ck_assert_msg(strstr(e->text, "the mean of step 1") &&
+                      strstr(e->text, "its newest finished step is 0"),
+                  "text: %s", e->text);
+    QUIET_ALL();
+}
+END_TEST
+
+/* The restart raced a step: the shard died after finishing step 0, which
+ * some workers had pulled and others not. Those came back first (resume 0)
+ * and declared again; the first that pulled step 0 is refused, and the
+ * others, who wait for it, are told at once, not at their timeout. */
+START_TEST(test_resume_step_race)
+{
+    const Gift__Error *e;
+    for (int r = 0; r < W - 1; r++)
+        HELLO(&P[r], (uint32_t)r, W);
+    for (int r = 0; r < W - 1; r++)
+        DECLARE_OK(&P[r], STD_T, STD_NT, STD_C, STD_NC);
+    for (int r = 0; r < W - 1; r++)
+        PUSH_GRAD(&P[r], STD_C[0].key, STD_C[0].chunk, 0, (uint32_t)r, 0);
+    HELLO(&P[4], 0, W); /* not acting as a rank: not told */
+    g_resume_step = 1;
+    ck_assert_int_eq(hello_raw(&P[3], GIFT_PROTOCOL_VERSION, 3, W, NULL, 0), GIFT_ESTATE);
+    e = EXPECT_ERROR(&P[3], GIFT_ESTATE, 1);
+    ck_assert_msg(strstr(e->text, "it has finished no step"), "text: %s", e->text);
+    for (int r = 0; r < W - 1; r++) {
+        e = EXPECT_ERROR(&P[r], GIFT_ESTATE, 1);
+        ck_assert_msg(strstr(e->text, "another worker has the mean of step 0") &&
+                          strstr(e->text, "Restart the whole run"),
+                      "rank %d: %s", r, e->text);
+    }
+    QUIET_ALL();
+}
+END_TEST
+
+/* giftctl reset (Reset): refused with nothing changed for another run id
+ * and while workers are connected; with force the workers are told and
+ * closed; after it the shard holds nothing and adopts the next run. */
+START_TEST(test_reset)
+{
+    const Gift__ResetAck *a;
+    const Gift__Error *e;
+    g_run_id = "run-a";
+    for (int r = 0; r < W; r++)
+        HELLO(&P[r], (uint32_t)r, W);
+    for (int r = 0; r < W; r++)
+        DECLARE_OK(&P[r], STD_T, STD_NT, STD_C, STD_NC);
+    for (int r = 0; r < W; r++)
+        PUSH_GRAD(&P[r], STD_C[0].key, STD_C[0].chunk, 0, (uint32_t)r, 0);
+    for (int r = 0; r < W - 1; r++)
+        PUSH_GRAD(&P[r], STD_C[1].key, STD_C[1].chunk, 0, (uint32_t)r, 0);
+    (void)PULL(&P[0], STD_C[1].key, STD_C[1].chunk, 0); /* parked: the reset must drop it */
+    QUIET_ALL();
+    /* From a worker's own connection: refused. */
+    ck_assert_int_eq(reset_raw(&P[3], NULL, 1, 6), GIFT_EPROTO);
+    e = EXPECT_ERROR(&P[3], GIFT_EPROTO, 1);
+    ck_assert_msg(strstr(e->text, "acts as rank 3"), "text: %s", e->text);
+    peer_gone(&P[3]);
+    peer_open(3);
+    P[3].gone = P[3].closed = 0;
+    HELLO(&P[3], 3, W);
+    PUSH_DUP(&P[3], STD_C[0].key, STD_C[0].chunk, 0, 3, 0); /* claims rank 3 again */
+    /* Before a Hello: refused. */
+    ck_assert_int_eq(reset_raw(&P[4], NULL, 1, 7), GIFT_EPROTO);
+    EXPECT_ERROR(&P[4], GIFT_EPROTO, 1);
+    g_run_id = "";
+    HELLO(&P[5], 0, W);
+    ck_assert_int_eq(reset_raw(&P[5], "run-b", 1, 7), GIFT_ERUNID);
+    e = EXPECT_ERROR(&P[5], GIFT_ERUNID, 1);
+    ck_assert_msg(e->seq == 7 && strstr(e->text, "holds run 'run-a', not run 'run-b'") &&
+                      strstr(e->text, "nothing changed"), "seq %" PRIu64 ", text: %s", e->seq, e->text);
+    HELLO(&P[6], 0, W);
+    ck_assert_int_eq(reset_raw(&P[6], "run-a", 0, 8), GIFT_EBUSY);
+    e = EXPECT_ERROR(&P[6], GIFT_EBUSY, 1);
+    ck_assert_msg(strstr(e->text, "4 workers of run 'run-a' are connected") &&
+                      strstr(e->text, "ranks 0,1,2,3") && strstr(e->text, "--force"),
+                  "text: %s", e->text);
+    ck_assert_msg(C()->steps_finished == 1, "a refused reset changed the shard");
+    HELLO(&P[7], 0, W);
+    ck_assert_int_eq(reset_raw(&P[7], "run-a", 1, 9), 0);
+    for (int r = 0; r < W; r++) {
+        e = EXPECT_ERROR(&P[r], GIFT_ESTATE, 1);
+        ck_assert_msg(strstr(e->text, "was reset by `giftctl reset --force`") &&
+                          strstr(e->text, "run 'run-a'"), "rank %d: %s", r, e->text);
+    }
+    a = take_at(&P[7], GIFT__ENVELOPE__MSG_RESET_ACK, __LINE__)->env->reset_ack;
+    ck_assert_msg(a->seq == 9 && a->shard_id == 0 && strcmp(a->run_id, "run-a") == 0 &&
+                      a->tensors == STD_NT && a->steps == 1 && a->closed == W && !a->files,
+                  "ack: seq %" PRIu64 " run '%s' tensors %u steps %" PRIu64 " closed %u files %d",
+                  a->seq, a->run_id, a->tensors, a->steps, a->closed, a->files);
+    ck_assert_msg(gift_shard_memory_committed(S) == 0, "memory still committed after a reset");
+    QUIET_ALL();
+    for (int r = 0; r < W; r++) {
+        peer_gone(&P[r]);
+        peer_open(r);
+        P[r].gone = P[r].closed = 0;
+    }
+    /* The next run: another run id, and step 0 again. */
+    g_run_id = "run-b";
+    for (int r = 0; r < W; r++)
+        HELLO(&P[r], (uint32_t)r, W);
+    for (int r = 0; r < W; r++)
+        DECLARE_OK(&P[r], STD_T, STD_NT, STD_C, STD_NC);
+    for (int r = 0; r < W; r++)
+        PUSH_GRAD(&P[r], STD_C[0].key, STD_C[0].chunk, 0, (uint32_t)r, 0);
+    QUIET_ALL();
+}
+END_TEST
+
 static Suite *shard_suite(void)
 {
     Suite *s = suite_create("shard");
@@ -2168,6 +2317,9 @@ static Suite *shard_suite(void)
     tcase_add_checked_fixture(hello, fx_base, fx_teardown);
     tcase_add_test(hello, test_hello_ack);
     tcase_add_test(hello, test_run_id);
+    tcase_add_test(hello, test_resume_step);
+    tcase_add_test(hello, test_resume_step_race);
+    tcase_add_test(hello, test_reset);
     tcase_add_test(hello, test_hello_version);
     tcase_add_test(hello, test_hello_world);
     tcase_add_test(hello, test_hello_world_configured);

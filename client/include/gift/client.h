@@ -24,6 +24,9 @@
  * gift_strerror names each one. An operation that cannot complete within
  * its timeout fails with GIFT_ETIMEDOUT instead of hanging (timeout_ms, else
  * $GIFT_TIMEOUT_MS, else 60 s); gift_client_last_error says which shard failed.
+ * A shard that lost state this client already pulled from it (restarted
+ * without checkpoints) refuses it at the reconnect: every operation in
+ * flight, and every later one, then fails at once with GIFT_ESTATE.
  *
  * Versioning: the header and the library follow semantic versioning; the
  * SONAME carries the major version. Structs passed in carry their own size
