@@ -104,6 +104,14 @@ typedef struct gift_shard_opts {
     double damping;            /* geometry damping (GIFT_DAMPING_DEFAULT) */
     double geometry_decay;     /* covariance running average, [0, 1); 0: latest round only */
     uint32_t hits_every;       /* measure pull-codec boundary hits every N steps (0: never) */
+    /* The geometry owner's per-tensor policy (policy_owner.h): GIFT_POLICY_*
+     * of codec/gift_policy.h (0: all), the bit budget per element (0: none,
+     * formats stay declared), the transform cap in GFLOP per step (0: none)
+     * and the boundary-hit threshold of policy hits (0: the chooser's). */
+    int policy;
+    double budget_bits;
+    double max_transform_gflops;
+    double hits_threshold;
     uint32_t stall_warn_s;     /* log a step waiting this long for ranks (0: never) */
     uint32_t stall_timeout_s;  /* fail its parked pulls after this long (0: never) */
     int aggregate;             /* GIFT_SHARD_ORDERED (0, default) or GIFT_SHARD_EAGER */
