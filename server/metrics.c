@@ -205,6 +205,54 @@ static int render_tensors(const gift_shard_t *s, gift_str_t *out)
         P("giftd_boundary_hit_ratio{key=\"%u\",tensor=\"%s\",codec=\"%s\"} %g\n", ts.key, name,
           ts.pull_codec, ts.hit_rate);
     }
+    /* The geometry owner's decision for the newest epoch (issue 24). */
+    P("# HELP giftd_tensor_policy 1, labelled with the treatment the geometry owner chose for "
+      "the newest epoch of a tensor (mode gift or euclidean, its push and pull codecs).\n"
+      "# TYPE giftd_tensor_policy gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_tensor_policy{key=\"%u\",tensor=\"%s\",mode=\"%s\",push_codec=\"%s\","
+          "pull_codec=\"%s\"} 1\n",
+          ts.key, name, ts.mode, ts.epoch_push_codec, ts.epoch_pull_codec);
+    }
+    P("# HELP giftd_tensor_transform_rank Transform rank k of the newest epoch of a tensor.\n"
+      "# TYPE giftd_tensor_transform_rank gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_tensor_transform_rank{key=\"%u\",tensor=\"%s\"} %u\n", ts.key, name, ts.rank);
+    }
+    P("# HELP giftd_tensor_predicted_error_ratio The chooser's predicted error of the newest "
+      "epoch's treatment over Euclidean at the declared format (1: unknown, 0: not run).\n"
+      "# TYPE giftd_tensor_predicted_error_ratio gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_tensor_predicted_error_ratio{key=\"%u\",tensor=\"%s\"} %g\n", ts.key, name,
+          ts.pred_ratio);
+    }
+    P("# HELP giftd_tensor_bits_per_element Wire bits per element of the newest epoch's "
+      "treatment, geometry amortised (0: the chooser did not run).\n"
+      "# TYPE giftd_tensor_bits_per_element gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_tensor_bits_per_element{key=\"%u\",tensor=\"%s\"} %g\n", ts.key, name,
+          ts.bits);
+    }
     P("# HELP giftd_tensor_missing_ranks Ranks that have not pushed the oldest unfinished step "
       "of a tensor.\n"
       "# TYPE giftd_tensor_missing_ranks gauge\n");

@@ -245,6 +245,13 @@ typedef struct gift_tensor_status {
     double hit_rate;     /* boundary hits / codes, last measured step */
     uint64_t bytes_in, bytes_out;
     const char *push_codec, *pull_codec;
+    /* The newest epoch's decision (owner only; the declared treatment when
+     * no policy changed it): "gift" or "euclidean", the transform rank, the
+     * epoch's codecs, the chooser's predicted error ratio and bits per
+     * element (0 when the chooser did not run). */
+    const char *mode, *epoch_push_codec, *epoch_pull_codec;
+    uint32_t rank;
+    double pred_ratio, bits;
 } gift_tensor_status_t;
 int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_status_t *out,
                              uint64_t *missing_bitmap, size_t words);
