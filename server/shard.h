@@ -256,6 +256,13 @@ typedef struct gift_tensor_status {
 int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_status_t *out,
                              uint64_t *missing_bitmap, size_t words);
 
+/* The policy the shard runs (giftd --policy, budget_bits, max_transform_gflops). */
+typedef struct gift_shard_policy {
+    const char *name; /* gift_policy_name */
+    double budget_bits, max_transform_gflops;
+} gift_shard_policy_t;
+void gift_shard_policy(const gift_shard_t *s, gift_shard_policy_t *out);
+
 /* Returns 1 when ready to serve (always, once created); for /readyz. */
 int gift_shard_ready(const gift_shard_t *s);
 

@@ -7,10 +7,18 @@
 #include <string.h>
 
 #include "gift_error.h"
+#include "gift_policy.h"
 #include "owner.h"
 #include "policy_owner.h"
 #include "shard_internal.h"
 #include "stats.h"
+
+void gift_shard_policy(const gift_shard_t *s, gift_shard_policy_t *out)
+{
+    out->name = gift_policy_name(s->o.policy);
+    out->budget_bits = s->o.budget_bits;
+    out->max_transform_gflops = s->o.max_transform_gflops;
+}
 
 int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_status_t *out,
                              uint64_t *missing, size_t words)
