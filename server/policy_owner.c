@@ -293,7 +293,9 @@ void gift__pol_observe(const chunk_t *ch, const slot_t *sl, const reply_t *r)
     const gift_treat_t *tr;
     gift_geometry_t g;
 
-    if (!gift__pol_wants_mean(ch, r->step) || r->err || !r->valid)
+    /* A fused step (its mean went straight into the reply) left no mean in
+     * acc: possible only when gbar_ok dropped between its pushes and now. */
+    if (!gift__pol_wants_mean(ch, r->step) || r->err || !r->valid || sl->fused)
         return;
     /* Only the newest epoch's transform is held: a mean of an older one is
      * skipped (the previous gbar stays, the lag the chooser is told of). */
