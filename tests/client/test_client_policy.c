@@ -19,7 +19,9 @@
  * reports which format matched; the test asserts that exactly one did at
  * every step (no step lost or mixed), that the budget held (never both in
  * fp8), that both workers saw the same formats, and that the formats
- * changed only where an epoch begins and did change.
+ * changed only where an epoch begins and did change. test_two_shards runs
+ * the same against two shards with eight chunks per tensor, so that most
+ * chunks live on a shard that takes each step's codecs from its pushes.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -80,32 +82,51 @@ typedef struct result {
         goto out;                                                                                  \
     } while (0)
 
-static pid_t daemon_pid = -1;
-static char daemon_log[512];
+#define MAX_SHARDS 2
+static pid_t daemon_pid[MAX_SHARDS] = {-1, -1};
+static char daemon_log[MAX_SHARDS][512];
+static int nshards;
 
-/* Starts giftd with the policy and budget, returns its port. */
-static int daemon_start(void)
+/* Starts shard `shard` of count with the policy and budget, returns its port. */
+static int daemon_start(int shard, int count)
 {
     const char *tmp = getenv("TMPDIR");
-    char line[256];
-    char *argv[] = {
-        (char *)GIFTD_BIN, (char *)"--bind",      (char *)"127.0.0.1", (char *)"--port",
-        (char *)"0",       (char *)"--http-port", (char *)"-1",        (char *)"--world-size",
-        (char *)"2",       (char *)"--policy",    (char *)"none",      (char *)"--budget-bits",
-        (char *)"7",       (char *)"--log-level", (char *)"debug",     NULL};
+    char line[256], sid[16], ns[16];
+    char *argv[] = {(char *)GIFTD_BIN,
+                    (char *)"--bind",
+                    (char *)"127.0.0.1",
+                    (char *)"--port",
+                    (char *)"0",
+                    (char *)"--http-port",
+                    (char *)"-1",
+                    (char *)"--world-size",
+                    (char *)"2",
+                    (char *)"--policy",
+                    (char *)"none",
+                    (char *)"--budget-bits",
+                    (char *)"7",
+                    (char *)"--log-level",
+                    (char *)"info",
+                    (char *)"--shard-id",
+                    sid,
+                    (char *)"--num-shards",
+                    ns,
+                    NULL};
     int out[2], log_fd, port = 0;
     size_t len = 0;
     double end;
     pid_t parent = getpid();
 
-    snprintf(daemon_log, sizeof daemon_log, "%s/giftd-policy-XXXXXX",
+    snprintf(sid, sizeof sid, "%d", shard);
+    snprintf(ns, sizeof ns, "%d", count);
+    snprintf(daemon_log[shard], sizeof daemon_log[shard], "%s/giftd-policy-XXXXXX",
              tmp != NULL && *tmp ? tmp : "/tmp");
-    log_fd = mkstemp(daemon_log);
+    log_fd = mkstemp(daemon_log[shard]);
     ck_assert_msg(log_fd >= 0, "mkstemp: %s", strerror(errno));
     ck_assert_msg(pipe2(out, O_CLOEXEC) == 0, "pipe2: %s", strerror(errno));
-    daemon_pid = fork();
-    ck_assert_msg(daemon_pid >= 0, "fork: %s", strerror(errno));
-    if (daemon_pid == 0) {
+    daemon_pid[shard] = fork();
+    ck_assert_msg(daemon_pid[shard] >= 0, "fork: %s", strerror(errno));
+    if (daemon_pid[shard] == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(127);
@@ -136,11 +157,12 @@ static int daemon_start(void)
         int left = (int)(end - now_ms());
         ssize_t n;
         ck_assert_msg(left > 0 && len < sizeof line - 1, "giftd printed no ready line (log %s)",
-                      daemon_log);
+                      daemon_log[shard]);
         if (poll(&pfd, 1, left) <= 0)
             continue;
         n = read(out[0], line + len, sizeof line - 1 - len);
-        ck_assert_msg(n > 0, "giftd closed stdout before its ready line (log %s)", daemon_log);
+        ck_assert_msg(n > 0, "giftd closed stdout before its ready line (log %s)",
+                      daemon_log[shard]);
         len += (size_t)n;
     }
     line[len] = '\0';
@@ -150,14 +172,15 @@ static int daemon_start(void)
     return port;
 }
 
-static void daemon_stop(void)
+static void daemons_stop(void)
 {
     int status;
-    if (daemon_pid <= 0)
-        return;
-    kill(daemon_pid, SIGTERM);
-    waitpid(daemon_pid, &status, 0);
-    daemon_pid = -1;
+    for (int i = 0; i < MAX_SHARDS; i++)
+        if (daemon_pid[i] > 0) {
+            kill(daemon_pid[i], SIGTERM);
+            waitpid(daemon_pid[i], &status, 0);
+            daemon_pid[i] = -1;
+        }
 }
 
 /* The gradient of tensor t, rank r, step s: A large before the first
@@ -188,20 +211,24 @@ static int reference(gift_format_t f, int t, int s, float *g, float *acc, float 
 {
     gift_codec_params_t p = {f, 0, 0, {0}};
     const size_t n = (size_t)ROWS * COLS;
+    /* One payload per chunk (nvfp4's tensor scale is a chunk's). */
+    const size_t per = nshards > 1 ? n / 8 : n;
     int rc;
     for (int r = 0; r < WORLD; r++) {
         gen(g, t, r, s);
-        if ((rc = gift_encode(&p, g, n, pay, cap)) < 0 ||
-            (rc = gift_decode(&p, pay, cap, n, d)) < 0)
-            return rc;
+        for (size_t c0 = 0; c0 < n; c0 += per)
+            if ((rc = gift_encode(&p, g + c0, per, pay, cap)) < 0 ||
+                (rc = gift_decode(&p, pay, cap, per, d + c0)) < 0)
+                return rc;
         for (size_t i = 0; i < n; i++)
             acc[i] = r == 0 ? d[i] : acc[i] + d[i];
     }
     for (size_t i = 0; i < n; i++)
         acc[i] = acc[i] * (1.0f / (float)WORLD) + 0.0f;
-    if ((rc = gift_encode(&p, acc, n, pay, cap)) < 0 ||
-        (rc = gift_decode(&p, pay, cap, n, want)) < 0)
-        return rc;
+    for (size_t c0 = 0; c0 < n; c0 += per)
+        if ((rc = gift_encode(&p, acc + c0, per, pay, cap)) < 0 ||
+            (rc = gift_decode(&p, pay, cap, per, want + c0)) < 0)
+            return rc;
     return 0;
 }
 
@@ -240,6 +267,8 @@ static void worker(int rank, const char *servers, result_t *res)
     o.servers = servers;
     o.rank = rank;
     o.world_size = WORLD;
+    if (nshards > 1) /* 8 chunks per tensor, spread over the shards */
+        o.chunk_bytes = (uint64_t)(ROWS / 8) * COLS * sizeof(float);
     if ((rc = gift_client_open(&o, &c)) < 0)
         WFAIL(res, rc, "gift_client_open");
     if ((rc = gift_declare(c, td, NT)) < 0)
@@ -288,15 +317,19 @@ out:
     free(pay);
 }
 
-START_TEST(test_budget_mix)
+/* Runs the two workers against count shards; res gets their results. */
+static void run_cluster(int count, result_t *res)
 {
-    result_t res[WORLD];
     pid_t pid[WORLD];
-    int fd[WORLD], changes = 0;
-    char servers[64];
+    int fd[WORLD];
+    char servers[128];
+    size_t len = 0;
     pid_t parent = getpid();
 
-    snprintf(servers, sizeof servers, "127.0.0.1:%d", daemon_start());
+    nshards = count;
+    for (int i = 0; i < count; i++)
+        len += (size_t)snprintf(servers + len, sizeof servers - len, "%s127.0.0.1:%d", i ? "," : "",
+                                daemon_start(i, count));
     for (int r = 0; r < WORLD; r++) {
         int p[2];
         ck_assert(pipe(p) == 0);
@@ -328,7 +361,7 @@ START_TEST(test_budget_mix)
                 for (int q = 0; q < WORLD; q++)
                     kill(pid[q], SIGKILL);
                 ck_abort_msg("worker %d gave no result within %d ms (giftd log %s)", r,
-                             WORKER_TIMEOUT_MS, daemon_log);
+                             WORKER_TIMEOUT_MS, daemon_log[0]);
             }
             k = read(fd[r], (char *)&res[r] + got, sizeof res[r] - got);
             ck_assert_msg(k > 0, "worker %d exited without a result", r);
@@ -337,10 +370,18 @@ START_TEST(test_budget_mix)
         waitpid(pid[r], NULL, 0);
         close(fd[r]);
         ck_assert_msg(res[r].rc == 0, "worker %d failed at line %d: %s (%s); giftd log %s", r,
-                      res[r].line, res[r].what, gift_strerror(res[r].rc), daemon_log);
+                      res[r].line, res[r].what, gift_strerror(res[r].rc), daemon_log[0]);
     }
-    daemon_stop();
-    for (int s = 0; s < STEPS; s++) {
+    daemons_stop();
+}
+
+/* What every run must show: each pulled mean bit for bit one format's
+ * codec output, the same on both workers, changing only where an epoch
+ * begins. Returns how many (step, tensor) changes there were. */
+static int check_steps(const result_t *res)
+{
+    int changes = 0;
+    for (int s = 0; s < STEPS; s++)
         for (int i = 0; i < NT; i++) {
             int m = res[0].fmt[s][i];
             ck_assert_msg(m == M_FP8 || m == M_NVFP4,
@@ -358,16 +399,47 @@ START_TEST(test_budget_mix)
                 changes++;
             }
         }
+    return changes;
+}
+
+START_TEST(test_budget_mix)
+{
+    result_t res[WORLD];
+    int changes;
+
+    run_cluster(1, res);
+    changes = check_steps(res);
+    for (int s = 0; s < STEPS; s++)
         ck_assert_msg(!(res[0].fmt[s][0] == M_FP8 && res[0].fmt[s][1] == M_FP8),
                       "step %d: both tensors in fp8, above the 7-bit budget", s);
-    }
     /* A large before refresh 1, B before refresh 2: fp8 must move to B. */
     ck_assert_msg(res[0].fmt[STEPS - 1][1] == M_FP8 && res[0].fmt[STEPS - 1][0] == M_NVFP4,
                   "last step: tensor A mask %d, B mask %d; want B in fp8, A in nvfp4 (masks: "
                   "1 fp8, 2 nvfp4)",
                   res[0].fmt[STEPS - 1][0], res[0].fmt[STEPS - 1][1]);
     ck_assert_msg(changes >= 1, "no format change across %d steps", STEPS);
-    unlink(daemon_log);
+    unlink(daemon_log[0]);
+}
+END_TEST
+
+/* Two shards, eight chunks per tensor: most chunks live on a shard that
+ * does not own the tensor's geometry and learns each step's codecs from its
+ * pushes. Every chunk of a step must still come back in the one format of
+ * the decision (the whole tensor matches one reference bit for bit). Each
+ * owner holds the budget over the tensors it owns. */
+START_TEST(test_two_shards)
+{
+    result_t res[WORLD];
+    int nv = 0;
+    run_cluster(2, res);
+    (void)check_steps(res);
+    for (int s = 0; s < STEPS; s++)
+        nv += (res[0].fmt[s][0] == M_NVFP4) + (res[0].fmt[s][1] == M_NVFP4);
+    /* 7 bits cannot buy fp8 for all (each owner holds one or both). */
+    ck_assert_msg(nv >= STEPS, "only %d of %d tensor steps in nvfp4 under a 7-bit budget", nv,
+                  2 * STEPS);
+    unlink(daemon_log[0]);
+    unlink(daemon_log[1]);
 }
 END_TEST
 
@@ -377,6 +449,7 @@ static Suite *policy_suite(void)
     TCase *tc = tcase_create("cluster");
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, test_budget_mix);
+    tcase_add_test(tc, test_two_shards);
     suite_add_tcase(s, tc);
     return s;
 }
