@@ -197,26 +197,21 @@ static void treat_from_choice(const tensor_t *t, const gift_policy_choice_t *c, 
               !same_codec(&tr->pull, &t->pull);
 }
 
-void gift__pol_decide(gift_shard_t *s, tensor_t *t, gift_treat_t *tr)
+/* Runs the chooser over every owned geometry tensor into s->pol_out (in
+ * tensor order) and remembers the round it ran for. Returns its code. */
+static int choose_round(gift_shard_t *s, uint64_t round, size_t *np)
 {
     gift_policy_in_t *in = s->pol_in;
     gift_policy_choice_t *out = s->pol_out;
     gift_policy_cfg_t cfg = {0};
-    size_t n = 0, me = SIZE_MAX;
+    size_t n = 0;
     int rc;
 
-    memset(tr, 0, sizeof *tr);
-    tr->push = t->push;
-    tr->pull = t->pull;
-    tr->k = t->k;
-    if (!gift__pol_active(s) || in == NULL || out == NULL)
-        return;
+    s->pol_round_ok = 0;
     for (size_t i = 0; i < s->ntensors; i++) {
         tensor_t *u = &s->tensors[i];
         if (!u->owner || !u->geometry || u->gbar == NULL)
             continue;
-        if (u == t)
-            me = n;
         memset(&in[n], 0, sizeof in[n]);
         in[n].rows = u->rows;
         in[n].cols = u->cols;
@@ -231,8 +226,9 @@ void gift__pol_decide(gift_shard_t *s, tensor_t *t, gift_treat_t *tr)
         in[n].block = is_fp8(u->push.fmt) ? u->push.block : 0;
         n++;
     }
-    if (me == SIZE_MAX)
-        return;
+    *np = n;
+    if (n == 0)
+        return GIFT_EINVAL;
     cfg.policy = s->o.policy;
     cfg.budget_bits = s->o.budget_bits;
     cfg.max_gflops = s->o.max_transform_gflops;
@@ -241,25 +237,60 @@ void gift__pol_decide(gift_shard_t *s, tensor_t *t, gift_treat_t *tr)
      * again at the next one): their bytes count. */
     cfg.sketch_always = 1;
     memset(out, 0, n * sizeof *out);
-    if ((rc = gift_policy_choose(&cfg, in, n, out)) < 0) {
+    if ((rc = gift_policy_choose(&cfg, in, n, out)) < 0)
+        return rc;
+    if (rc == GIFT_POLICY_INFEASIBLE)
+        GIFT_LOG_WARN(0,
+                      "policy: budget_bits %g or max_transform_gflops %g cannot be met; every "
+                      "tensor gets its cheapest treatment",
+                      cfg.budget_bits, cfg.max_gflops);
+    s->pol_round = round;
+    s->pol_round_ok = 1;
+    return rc;
+}
+
+void gift__pol_decide(gift_shard_t *s, tensor_t *t, gift_treat_t *tr, uint64_t round)
+{
+    const gift_policy_choice_t *out = s->pol_out;
+    size_t n = 0, me = SIZE_MAX;
+    int rc;
+
+    memset(tr, 0, sizeof *tr);
+    tr->push = t->push;
+    tr->pull = t->pull;
+    tr->k = t->k;
+    if (!gift__pol_active(s) || s->pol_in == NULL || out == NULL)
+        return;
+    for (size_t i = 0; i < s->ntensors; i++) {
+        const tensor_t *u = &s->tensors[i];
+        if (!u->owner || !u->geometry || u->gbar == NULL)
+            continue;
+        if (u == t)
+            me = n;
+        n++;
+    }
+    if (me == SIZE_MAX)
+        return;
+    /* Once per round: the prediction costs each tensor a few codings of its
+     * chunk 0 and GEMMs (about 0.6 s for 1024 x 1024 on one core), which,
+     * run again at every tensor's build, would make a round cost n^2 of
+     * them on the event loop. A tensor built later in the round takes the
+     * choice made with the geometry the others held at the first build. */
+    if (!(s->pol_round_ok && s->pol_round == round) &&
+        (rc = choose_round(s, round, &n)) < 0) {
         GIFT_LOG_ERROR(0,
                        "tensor %u: the policy's chooser failed (%s); keeping the declared "
                        "treatment",
                        t->key, gift_strerror(rc));
         return;
     }
-    if (rc == GIFT_POLICY_INFEASIBLE)
-        GIFT_LOG_WARN(0,
-                      "tensor %u: budget_bits %g or max_transform_gflops %g cannot be met; "
-                      "every tensor gets its cheapest treatment",
-                      t->key, cfg.budget_bits, cfg.max_gflops);
     treat_from_choice(t, &out[me], tr);
     GIFT_LOG_INFO(0,
                   "tensor %u: policy %s chose %s k %u, push %s pull %s (predicted ratio %.3g, "
                   "%.3g bits, %.3g GFLOP) for epoch %u",
-                  t->key, gift_policy_name(cfg.policy), tr->euclid ? "euclidean" : "gift", tr->k,
-                  gift_format_name(tr->push.fmt), gift_format_name(tr->pull.fmt), tr->pred_ratio,
-                  tr->bits, out[me].gflops, t->geo.epoch);
+                  t->key, gift_policy_name(s->o.policy), tr->euclid ? "euclidean" : "gift",
+                  tr->k, gift_format_name(tr->push.fmt), gift_format_name(tr->pull.fmt),
+                  tr->pred_ratio, tr->bits, out[me].gflops, t->geo.epoch);
 }
 
 void gift__pol_epoch0(gift_shard_t *s)
@@ -269,7 +300,7 @@ void gift__pol_epoch0(gift_shard_t *s)
     for (size_t i = 0; i < s->ntensors; i++) {
         tensor_t *t = &s->tensors[i];
         if (t->owner && t->geometry && t->nepochs > 0)
-            gift__pol_decide(s, t, &t->epochs[t->nepochs - 1].tr);
+            gift__pol_decide(s, t, &t->epochs[t->nepochs - 1].tr, UINT64_MAX);
     }
 }
 

@@ -50,10 +50,12 @@ int gift__pol_alloc(gift_shard_t *s);
 /* Frees what gift__pol_alloc allocated for t. */
 void gift__pol_free(tensor_t *t);
 
-/* t's treatment for its newest built epoch (t->geo): the chooser's choice,
- * run over every owned geometry tensor. tr->set 0: the declared treatment
- * (always when inactive). */
-void gift__pol_decide(gift_shard_t *s, tensor_t *t, gift_treat_t *tr);
+/* t's treatment for its newest built epoch (t->geo), from the sketch round
+ * of step `round` (UINT64_MAX: epoch 0): the chooser's choice, run over
+ * every owned geometry tensor once per round (at its first build; later
+ * builds of the round reuse it). tr->set 0: the declared treatment (always
+ * when inactive). */
+void gift__pol_decide(gift_shard_t *s, tensor_t *t, gift_treat_t *tr, uint64_t round);
 
 /* Gives every owned geometry tensor's epoch 0 its decision (after the
  * store is built, before any push). */

@@ -130,6 +130,7 @@ static void store_free(gift_shard_t *s)
     free(s->pol_in);
     free(s->pol_out);
     s->pol_in = s->pol_out = NULL;
+    s->pol_round_ok = 0;
     free(s->decl);
     free(s->pending);
     s->pending = NULL;
@@ -948,7 +949,7 @@ int gift__shard_round_finish(gift_shard_t *s, tensor_t *t)
         gift__count_error(s, rc);
         return rc;
     }
-    gift__pol_decide(s, t, &tr);
+    gift__pol_decide(s, t, &tr, step);
     if ((rc = gift__owner_publish_round(t, first_clean_step(t, step + 1))) < 0) {
         gift__count_error(s, rc);
         return rc;
