@@ -222,7 +222,7 @@ static int choose_round(gift_shard_t *s, uint64_t round, size_t *np)
         in[n].geo = &u->geo;
         in[n].gbar = u->gbar_ok ? u->gbar : NULL;
         in[n].nrows = chunk0_rows(u);
-        in[n].hit_rate = u->hit_rate;
+        in[n].hit_rate = u->hit_known ? u->hit_rate : -1.0; /* < 0: unknown (policy hits) */
         in[n].block = is_fp8(u->push.fmt) ? u->push.block : 0;
         n++;
     }

@@ -675,8 +675,10 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         if (rc == 0 && hits_step(s, step)) {
             gift_hits_t h;
             if (gift_boundary_hits(&r->pull, sl->acc, r->buf->data, r->buf->cap, ch->n, &h) == 0 &&
-                h.n > 0)
+                h.n > 0) {
                 t->hit_rate = (double)(h.saturated + h.flushed) / (double)h.n;
+                t->hit_known = 1;
+            }
         }
         if (sl->t_first) {
             double lat = (double)(now_ns(s) - sl->t_first) * 1e-9;

@@ -131,6 +131,7 @@ struct tensor {
     uint64_t gbar_step;
     /* Status. */
     double hit_rate;
+    int hit_known; /* hit_rate was measured at least once */
     uint64_t bytes_in, bytes_out;
 };
 
