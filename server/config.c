@@ -1066,14 +1066,18 @@ static int check_whole(const gift_config_t *c, char *err, size_t errlen)
                     "one, or off",
                     c->http_port, a, b);
     }
-    if ((c->policy != GIFT_CONFIG_POLICY_ALL || c->budget_bits > 0.0) && c->checkpoint_steps > 0) {
+    if ((c->policy != GIFT_CONFIG_POLICY_ALL || c->budget_bits > 0.0 ||
+         c->max_transform_gflops > 0.0) &&
+        c->checkpoint_steps > 0) {
         describe_origin(c, (size_t)gift_config_option_index("policy"), a, sizeof a);
         describe_origin(c, (size_t)gift_config_option_index("checkpoint_steps"), b, sizeof b);
         return fail(err, errlen,
-                    "policy %s (%s) with budget_bits %g cannot be used with checkpoint_steps %d "
-                    "(%s): the owner's decisions are not persisted yet; use policy all without "
-                    "budget_bits, or checkpoint_steps 0",
-                    policy_names[c->policy], a, c->budget_bits, c->checkpoint_steps, b);
+                    "policy %s (%s) with budget_bits %g and max_transform_gflops %g cannot be "
+                    "used with checkpoint_steps %d (%s): the owner's decisions are not persisted "
+                    "yet; use policy all without budget_bits and max_transform_gflops, or "
+                    "checkpoint_steps 0",
+                    policy_names[c->policy], a, c->budget_bits, c->max_transform_gflops,
+                    c->checkpoint_steps, b);
     }
     if (c->chunk_bytes > c->max_frame_bytes) {
         describe_origin(c, (size_t)chunk, a, sizeof a);

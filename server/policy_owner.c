@@ -85,7 +85,8 @@ static int fits(const tensor_t *t, const gift_codec_params_t *p, const gift_code
 
 int gift__pol_opts_ok(const gift_shard_opts_t *o)
 {
-    int active = o->policy != GIFT_POLICY_ALL || o->budget_bits > 0.0;
+    int active =
+        o->policy != GIFT_POLICY_ALL || o->budget_bits > 0.0 || o->max_transform_gflops > 0.0;
     return o->policy >= GIFT_POLICY_ALL && o->policy <= GIFT_POLICY_HITS &&
            isfinite(o->budget_bits) && o->budget_bits >= 0.0 && isfinite(o->max_transform_gflops) &&
            o->max_transform_gflops >= 0.0 && isfinite(o->hits_threshold) &&
@@ -94,7 +95,8 @@ int gift__pol_opts_ok(const gift_shard_opts_t *o)
 
 int gift__pol_active(const gift_shard_t *s)
 {
-    return s->o.policy != GIFT_POLICY_ALL || s->o.budget_bits > 0.0;
+    return s->o.policy != GIFT_POLICY_ALL || s->o.budget_bits > 0.0 ||
+           s->o.max_transform_gflops > 0.0;
 }
 
 /* The rows of t's chunk 0 (held here: t is owned). */
@@ -276,8 +278,7 @@ void gift__pol_decide(gift_shard_t *s, tensor_t *t, gift_treat_t *tr, uint64_t r
      * run again at every tensor's build, would make a round cost n^2 of
      * them on the event loop. A tensor built later in the round takes the
      * choice made with the geometry the others held at the first build. */
-    if (!(s->pol_round_ok && s->pol_round == round) &&
-        (rc = choose_round(s, round, &n)) < 0) {
+    if (!(s->pol_round_ok && s->pol_round == round) && (rc = choose_round(s, round, &n)) < 0) {
         GIFT_LOG_ERROR(0,
                        "tensor %u: the policy's chooser failed (%s); keeping the declared "
                        "treatment",
@@ -288,9 +289,9 @@ void gift__pol_decide(gift_shard_t *s, tensor_t *t, gift_treat_t *tr, uint64_t r
     GIFT_LOG_INFO(0,
                   "tensor %u: policy %s chose %s k %u, push %s pull %s (predicted ratio %.3g, "
                   "%.3g bits, %.3g GFLOP) for epoch %u",
-                  t->key, gift_policy_name(s->o.policy), tr->euclid ? "euclidean" : "gift",
-                  tr->k, gift_format_name(tr->push.fmt), gift_format_name(tr->pull.fmt),
-                  tr->pred_ratio, tr->bits, out[me].gflops, t->geo.epoch);
+                  t->key, gift_policy_name(s->o.policy), tr->euclid ? "euclidean" : "gift", tr->k,
+                  gift_format_name(tr->push.fmt), gift_format_name(tr->pull.fmt), tr->pred_ratio,
+                  tr->bits, out[me].gflops, t->geo.epoch);
 }
 
 void gift__pol_epoch0(gift_shard_t *s)

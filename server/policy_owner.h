@@ -14,7 +14,7 @@
  * differs. Neither is ever larger in bytes than the declared codec, so the
  * buffers sized at declaration hold them.
  *
- * With policy all and no budget (the default) the chooser never runs, no
+ * With policy all, no budget and no cap (the default) the chooser never runs, no
  * buffer is allocated and no new field is sent: behaviour and bytes are
  * those of a shard without a policy.
  */
@@ -37,7 +37,8 @@ int gift__pol_codec_from_wire(const Gift__Codec *c, gift_codec_params_t *p);
  * active policy (decisions are not checkpointed yet). */
 int gift__pol_opts_ok(const gift_shard_opts_t *o);
 
-/* Whether s's policy can change a treatment (not all, or a budget set). */
+/* Whether s's policy can change a treatment (not all, a budget or a
+ * transform cap set). */
 int gift__pol_active(const gift_shard_t *s);
 
 /* Bytes the policy's buffers add to the declared store (0 when inactive). */

@@ -30,6 +30,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -72,7 +73,14 @@ typedef struct result {
     int rc, line;
     char what[200];
     int fmt[STEPS][NT];
+    /* test_lowered_rank: each pulled mean's relative L2 to the exact mean,
+     * and a hash of its bytes (both workers must pull the same). */
+    double err[STEPS][NT];
+    uint64_t hash[STEPS][NT];
 } result_t;
+
+/* 1: test_lowered_rank (policy all under a transform cap, no budget). */
+static int g_rank_mode;
 
 #define WFAIL(res, code, ...)                                                                      \
     do {                                                                                           \
@@ -92,26 +100,14 @@ static int daemon_start(int shard, int count)
 {
     const char *tmp = getenv("TMPDIR");
     char line[256], sid[16], ns[16];
-    char *argv[] = {(char *)GIFTD_BIN,
-                    (char *)"--bind",
-                    (char *)"127.0.0.1",
-                    (char *)"--port",
-                    (char *)"0",
-                    (char *)"--http-port",
-                    (char *)"-1",
-                    (char *)"--world-size",
-                    (char *)"2",
-                    (char *)"--policy",
-                    (char *)"none",
-                    (char *)"--budget-bits",
-                    (char *)"7",
-                    (char *)"--log-level",
-                    (char *)"info",
-                    (char *)"--shard-id",
-                    sid,
-                    (char *)"--num-shards",
-                    ns,
-                    NULL};
+    char *argv[] = {(char *)GIFTD_BIN, (char *)"--bind", (char *)"127.0.0.1", (char *)"--port",
+                    (char *)"0", (char *)"--http-port", (char *)"-1", (char *)"--world-size",
+                    (char *)"2", (char *)"--policy", (char *)(g_rank_mode ? "all" : "none"),
+                    (char *)(g_rank_mode ? "--max-transform-gflops" : "--budget-bits"),
+                    /* rank mode: 2 tensors x 8 x 256 x 64 x k / 1e9 GFLOP under
+                     * 6e-4 only at k = 2 (k_max / 4) for both */
+                    (char *)(g_rank_mode ? "0.0006" : "7"), (char *)"--log-level", (char *)"info",
+                    (char *)"--shard-id", sid, (char *)"--num-shards", ns, NULL};
     int out[2], log_fd, port = 0;
     size_t len = 0;
     double end;
@@ -292,7 +288,25 @@ static void worker(int rank, const char *servers, result_t *res)
             if (rc < 0)
                 WFAIL(res, rc, "step %d tensor %d: the pull failed", s, i);
         }
-        for (int i = 0; i < NT; i++) {
+        for (int i = 0; g_rank_mode && i < NT; i++) {
+            double e2 = 0, m2 = 0;
+            uint64_t h = 1469598103934665603ull;
+            const uint8_t *b = (const uint8_t *)out[i];
+            for (int r = 0; r < WORLD; r++) {
+                gen(rg, i, r, s);
+                for (size_t j = 0; j < n; j++)
+                    acc[j] = r == 0 ? rg[j] / WORLD : acc[j] + rg[j] / WORLD;
+            }
+            for (size_t j = 0; j < n; j++) {
+                e2 += ((double)out[i][j] - acc[j]) * ((double)out[i][j] - acc[j]);
+                m2 += (double)acc[j] * acc[j];
+            }
+            for (size_t j = 0; j < n * sizeof(float); j++)
+                h = (h ^ b[j]) * 1099511628211ull;
+            res->err[s][i] = sqrt(e2 / m2);
+            res->hash[s][i] = h;
+        }
+        for (int i = 0; !g_rank_mode && i < NT; i++) {
             static const gift_format_t F[2] = {GIFT_FMT_E4M3, GIFT_FMT_NVFP4};
             for (int k = 0; k < 2; k++) {
                 if ((rc = reference(F[k], i, s, rg, acc, d, pay, cap, want)) < 0)
@@ -422,6 +436,39 @@ START_TEST(test_budget_mix)
 }
 END_TEST
 
+/* policy all with a transform cap that only k = k_max / 4 meets: both
+ * tensors' epochs from the first refresh on lower the rank to 2, which the
+ * workers apply (T and T^-1 from the first two columns, the rank-2 sigma2)
+ * and the owner inverts for its gbar. Every step must complete, both
+ * workers must pull the same bytes, the means must stay near the exact
+ * ones (fp8 in a transformed basis), and the owner must have said k 2. */
+START_TEST(test_lowered_rank)
+{
+    result_t res[WORLD];
+    char cmd[700];
+    int found;
+    g_rank_mode = 1;
+    run_cluster(1, res);
+    g_rank_mode = 0;
+    for (int s = 0; s < STEPS; s++)
+        for (int i = 0; i < NT; i++) {
+            ck_assert_msg(res[0].hash[s][i] == res[1].hash[s][i],
+                          "step %d tensor %d: the workers pulled different bytes", s, i);
+            ck_assert_msg(res[0].err[s][i] < 0.2,
+                          "step %d tensor %d: relative L2 to the exact mean %.4g (fp8 at rank "
+                          "2); giftd log %s",
+                          s, i, res[0].err[s][i], daemon_log[0]);
+        }
+    snprintf(cmd, sizeof cmd, "grep -q 'policy all chose gift k 2, push fp8-e4m3' %s",
+             daemon_log[0]);
+    found = system(cmd) == 0;
+    ck_assert_msg(found, "giftd never chose rank 2 under the cap; log %s", daemon_log[0]);
+    fprintf(stderr, "test_lowered_rank: last step relative L2 %.4g / %.4g\n",
+            res[0].err[STEPS - 1][0], res[0].err[STEPS - 1][1]);
+    unlink(daemon_log[0]);
+}
+END_TEST
+
 /* Two shards, eight chunks per tensor: most chunks live on a shard that
  * does not own the tensor's geometry and learns each step's codecs from its
  * pushes. Every chunk of a step must still come back in the one format of
@@ -450,6 +497,7 @@ static Suite *policy_suite(void)
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, test_budget_mix);
     tcase_add_test(tc, test_two_shards);
+    tcase_add_test(tc, test_lowered_rank);
     suite_add_tcase(s, tc);
     return s;
 }
