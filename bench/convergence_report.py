@@ -630,7 +630,8 @@ def policy_md(runs, budgets):
             ("met" if a6["whitened_ratio"] <= 0.5 and not a6["infeasible"] else "not met")
         out.append(f"| {r['step']} | {r['variant']} | {cmp(None, 'whitened_ratio')} | "
                    f"{cmp(None, 'muon_applied_ratio')} | {t8} | " +
-                   " | ".join(cmp(b, "whitened_ratio") for b in budgets) + f" | {t45} | {t5} | {t6} |")
+                   " | ".join(cmp(b, "whitened_ratio") for b in budgets) +
+                   f" | {t45} | {t5} | {t6} |")
     return "\n".join(out) + "\n"
 
 

@@ -256,6 +256,13 @@ START_TEST(test_budget_mix)
         ck_assert_msg(c[i].gift == 0 && c[i].format == GIFT_FMT_NVFP4,
                       "infeasible: tensor %d gift %d format %d, want Euclidean nvfp4", i, c[i].gift,
                       c[i].format);
+    /* 4.5 bits: nvfp4 is 4 + 8/16 bits plus its fp32 tensor scale, so even Euclidean
+     * nvfp4 everywhere (4.5 + 32 / 16384) does not fit */
+    cfg.budget_bits = 4.5;
+    rc = gift_policy_choose(&cfg, in, 2, c);
+    ck_assert_msg(rc == GIFT_POLICY_INFEASIBLE && c[0].format == GIFT_FMT_NVFP4 &&
+                      fabs(c[0].bits - (4.5 + 32.0 / (256 * 64))) < 1e-12,
+                  "4.5 bits: rc %d, format %d, bits %.6f", rc, c[0].format, c[0].bits);
     /* no budget: the declared format, whatever the errors */
     cfg.budget_bits = 0.0;
     ck_assert_int_eq(gift_policy_choose(&cfg, in, 2, c), 0);
