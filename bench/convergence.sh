@@ -4,7 +4,9 @@
 # compare: per-step CSVs, a PNG of the curves, a markdown table (final
 # validation loss, mean and spread over seeds, gap to f32, wire bytes per
 # step, steps per second), then gift-bench fidelity on gradients and input
-# covariances dumped from the f32 run of the first seed.
+# covariances dumped from the f32 run of the first seed. --no-fidelity skips
+# that report; the dump is still written when --dump-steps is given (for
+# `convergence_report.py fidelity` or `policy` later).
 #
 #   bench/convergence.sh [--steps N] [--seeds "1 2 3"] [--comms "f32 bf16 ..."]
 #                        [--workers W] [--shards S] [--out DIR] [--build DIR]
@@ -31,6 +33,7 @@ shards=2
 out=bench/out/convergence
 build=build
 dump_steps=""
+dump_given=0
 geometry_decay=0
 fidelity=1
 py=/usr/bin/python3
@@ -44,7 +47,7 @@ while [ $# -gt 0 ]; do
     --shards) shards=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
-    --dump-steps) dump_steps=$2; shift 2 ;;
+    --dump-steps) dump_steps=$2; dump_given=1; shift 2 ;;
     --no-fidelity) fidelity=0; shift ;;
     --) shift; extra=("$@"); break ;;
     --geometry-decay) geometry_decay=$2; shift 2 ;;
@@ -91,7 +94,7 @@ run_one() {
   done
   printf '{"geometry_decay": %s}\n' "$geometry_decay" >"$dir/server.json"
   local mport=$((20000 + RANDOM % 20000)) wp=() r rc=0 dump=()
-  if [ "$comm" = f32 ] && [ "$seed" = "$first_seed" ] && [ "$fidelity" = 1 ]; then
+  if [ "$comm" = f32 ] && [ "$seed" = "$first_seed" ] && { [ "$fidelity" = 1 ] || [ "$dump_given" = 1 ]; }; then
     dump=(--dump "$out/dump" --dump-steps "$dump_steps")
   fi
   for ((r = workers - 1; r >= 0; r--)); do

@@ -34,6 +34,20 @@ bench/convergence_report.py: the tables and the plot of bench/convergence.sh.
       with each --decays value (gift-bench fidelity --sketch-cov ... x rounds
       --geometry-decay B); plus "same" (the step's own covariance) for
       reference. Writes decay.md, decay-summary.json and one JSON per run.
+  convergence_report.py policy --dump DIR --bench GIFT_BENCH --out DIR
+                               [--budgets 4.5,6] [--refresh 50] [--max-lag 25]
+      the per-tensor chooser (codec/gift_policy.h) on every dumped step, whole
+      model at once (`gift-bench policy`): the geometry sketched from the
+      previous dumped step's covariances (as training lags it) and the
+      chooser's gbar the previous step's mean gradient ("lag"), or the step's
+      own mean gradient with the same geometry ("own gbar": what the lag of the
+      gradient costs); a step with no previous dump within --max-lag uses its
+      own covariances and gradient ("same"). Policies all / none / auto / hits,
+      budget unset and each --budgets value; errors measured with the real
+      codecs on the step's per-worker gradients, over Euclidean fp8. Writes
+      policy.md, policy-summary.json and one JSON and table per run. --steps
+      a,b measures only those dumped steps; --merge keeps the runs of earlier
+      invocations into the same --out.
 """
 import argparse
 import csv
@@ -484,6 +498,143 @@ def decay(args):
     print(md)
 
 
+def policy(args):
+    os.makedirs(args.out, exist_ok=True)
+    steps = sorted(int(os.path.basename(d)[4:]) for d in glob.glob(os.path.join(args.dump,
+                                                                                "step*")))
+    budgets = [b for b in args.budgets.split(",") if b]
+    runs = []
+    prev = None
+    only = {int(x) for x in args.steps.split(",") if x} if args.steps else None
+    for s in steps:
+        if only is not None and s not in only:
+            prev = s
+            continue
+        d = os.path.join(args.dump, f"step{s}")
+        shapes = json.load(open(os.path.join(d, "shapes.json")))
+        layers = sorted({k.rsplit(".", 1)[0] for k in shapes})
+        lagged = prev is not None and s - prev <= args.max_lag
+        variants = [("lag", prev, prev), ("own", prev, s)] if lagged else [("same", s, s)]
+        for name, geo_step, gbar_step in variants:
+            man = os.path.join(args.out, f"step{s}-{name}.manifest")
+            with open(man, "w") as fh:
+                for layer in layers:
+                    rows, cols = shapes[layer + ".grad"]
+                    fh.write(f"tensor {layer} {rows} {cols}\n")
+                    for kind, st, what in (("grad", s, "grad"), ("cov", s, "cov"),
+                                           ("scov", geo_step, "cov"), ("gbar", gbar_step, "grad")):
+                        for f in sorted(glob.glob(os.path.join(args.dump, f"step{st}",
+                                                               f"{layer}.{what}.rank*.f32"))):
+                            fh.write(f"{kind} {f}\n")
+            js = os.path.join(args.out, f"step{s}-{name}.json")
+            cmd = [args.bench, "policy", "--manifest", man, "--json", js, "--refresh",
+                   str(args.refresh), "--label", f"step {s} ({name})"]
+            for b in budgets:
+                cmd += ["--budget", b]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(r.stdout, r.stderr, file=sys.stderr)
+                sys.exit(f"convergence_report: {' '.join(cmd)} failed")
+            with open(js.replace(".json", ".txt"), "w") as fh:
+                fh.write(" ".join(cmd) + "\n\n" + r.stdout)
+            j = json.load(open(js))
+            runs.append({"step": s, "variant": name, "geometry_step": geo_step,
+                         "gbar_step": gbar_step, "json": j})
+            print(f"policy: step {s} ({name}) done", file=sys.stderr)
+        prev = s
+    if args.merge:  # runs of earlier invocations into the same --out (other --steps)
+        old = os.path.join(args.out, "policy-runs.json")
+        if os.path.exists(old):
+            done = {(r["step"], r["variant"]) for r in runs}
+            runs = [r for r in json.load(open(old)) if (r["step"], r["variant"]) not in done] + runs
+            runs.sort(key=lambda r: (r["step"], r["variant"] != "lag"))
+    with open(os.path.join(args.out, "policy-runs.json"), "w") as fh:
+        json.dump(runs, fh)
+    md = policy_md(runs, budgets)
+    with open(os.path.join(args.out, "policy.md"), "w") as fh:
+        fh.write(md)
+    summary = [{"step": r["step"], "variant": r["variant"], "geometry_step": r["geometry_step"],
+                "gbar_step": r["gbar_step"],
+                "results": [{k: v for k, v in x.items() if k != "choices"}
+                            for x in r["json"]["results"]]} for r in runs]
+    with open(os.path.join(args.out, "policy-summary.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+    print(md)
+
+
+def _pick(j, policy, budget):
+    for x in j["results"]:
+        b = x["budget_bits"]
+        if x["policy"] == policy and ((budget is None and b is None) or
+                                      (budget is not None and b is not None and
+                                       abs(b - float(budget)) < 1e-9)):
+            return x
+    return None
+
+
+def policy_md(runs, budgets):
+    """Tables of `policy`: per run, the whole update's ratios to Euclidean fp8
+    for each policy and budget, with bits (geometry included) and GFLOP."""
+    def cell(x):
+        if x is None:
+            return "–"
+        flag = " (infeasible)" if x["infeasible"] else ""
+        return (f"{x['whitened_ratio']:.2f} / {x['muon_ratio']:.2f} / "
+                f"{x['muon_applied_ratio']:.2f} / {x['bits']:.2f} / {x['gflops']:.3f}{flag}")
+    cols = [(p, None) for p in ("all", "none", "auto", "hits")] + \
+        [(p, b) for b in budgets for p in ("all", "none", "auto")]
+    out = ["Whole update (each layer in its own metric), over Euclidean fp8-e4m3: "
+           "whitened / Muon / Muon as applied / bits per element incl. geometry / "
+           "transform GFLOP per step per worker. 'lag': geometry of the previous dump, gbar "
+           "its mean gradient; 'own': same geometry, gbar the step's own; 'same': the step's "
+           "own covariance and gradient.", "",
+           "| step | variant | geometry of | gbar of | " +
+           " | ".join(f"{p} {'fp8' if b is None else b + ' bits'}" for p, b in cols) + " |",
+           "|---:|---|---:|---:|" + "---:|" * len(cols)]
+    for r in runs:
+        out.append(f"| {r['step']} | {r['variant']} | {r['geometry_step']} | {r['gbar_step']} | "
+                   + " | ".join(cell(_pick(r["json"], p, b)) for p, b in cols) + " |")
+    out += ["", "Targets (issue 24), per run: auto <= min(all, none) measured (whitened, "
+            "Muon as applied) at fp8 and at each budget ('ok (+x%)': above by at most 0.1%, "
+            "a rank the chooser lowered within its hysteresis); fp8 auto whitened <= 0.3x and Muon "
+            "as applied <= 0.45x; budget 4.5 whitened < 1x; budget 6 whitened <= 0.5x.", "",
+            "| step | variant | fp8: auto vs min(all, none), whitened | as applied | "
+            "fp8 auto <= 0.3 / 0.45 | " +
+            " | ".join(f"{b} bits: auto vs min(all, none), whitened" for b in budgets) +
+            " | 4.5 bits whitened < 1 | 5 bits whitened < 1 (4.5 is infeasible with geometry) "
+            "| 6 bits whitened <= 0.5 |",
+            "|---:|---|---|---|---|" + "---|" * len(budgets) + "---|---|---|"]
+    for r in runs:
+        j = r["json"]
+
+        def cmp(b, key):
+            a = _pick(j, "auto", b)
+            m = min(_pick(j, "all", b)[key], _pick(j, "none", b)[key])
+            d = 100.0 * (a[key] / m - 1.0)
+            verdict = "ok" if d <= 0.0 else ("ok (+%.2f%%)" % d if d <= 0.1 else
+                                             "WORSE (+%.2f%%)" % d)
+            return f"{a[key]:.3f} vs {m:.3f} {verdict}"
+        a8 = _pick(j, "auto", None)
+        t8 = f"{a8['whitened_ratio']:.2f} / {a8['muon_applied_ratio']:.2f} " + \
+            ("met" if a8["whitened_ratio"] <= 0.3 and a8["muon_applied_ratio"] <= 0.45
+             else "not met")
+        a45 = _pick(j, "auto", "4.5") if "4.5" in budgets else None
+        a6 = _pick(j, "auto", "6") if "6" in budgets else None
+        t45 = "–" if a45 is None else f"{a45['whitened_ratio']:.2f} " + \
+            ("met" if a45["whitened_ratio"] < 1 and not a45["infeasible"] else "not met") + \
+            (" (infeasible)" if a45["infeasible"] else "")
+        a5 = _pick(j, "auto", "5") if "5" in budgets else None
+        t5 = "–" if a5 is None else f"{a5['whitened_ratio']:.2f} " + \
+            ("met" if a5["whitened_ratio"] < 1 and not a5["infeasible"] else "not met")
+        t6 = "–" if a6 is None else f"{a6['whitened_ratio']:.2f} " + \
+            ("met" if a6["whitened_ratio"] <= 0.5 and not a6["infeasible"] else "not met")
+        out.append(f"| {r['step']} | {r['variant']} | {cmp(None, 'whitened_ratio')} | "
+                   f"{cmp(None, 'muon_applied_ratio')} | {t8} | " +
+                   " | ".join(cmp(b, "whitened_ratio") for b in budgets) +
+                   f" | {t45} | {t5} | {t6} |")
+    return "\n".join(out) + "\n"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -511,8 +662,21 @@ def main():
     dc.add_argument("--decays", default="0,0.5,0.8,0.9",
                     help="geometry decays to compare; a trailing 'p' (0.9p): the plain "
                          "running average (the same decay every round)")
+    po = sub.add_parser("policy")
+    po.add_argument("--dump", required=True)
+    po.add_argument("--bench", required=True)
+    po.add_argument("--out", required=True)
+    po.add_argument("--budgets", default="4.5,6", help="bit budgets besides the unset one")
+    po.add_argument("--refresh", type=int, default=50,
+                    help="steps per epoch: the geometry bytes' amortisation")
+    po.add_argument("--max-lag", type=int, default=25,
+                    help="the previous dumped step is the lagged one when at most this many "
+                         "steps earlier (else: 'same')")
+    po.add_argument("--steps", default=None, help="measure only these dumped steps (a,b,...)")
+    po.add_argument("--merge", action="store_true",
+                    help="keep the runs of earlier invocations into --out (policy-runs.json)")
     args = p.parse_args()
-    {"report": report, "fidelity": fidelity, "decay": decay}[args.cmd](args)
+    {"report": report, "fidelity": fidelity, "decay": decay, "policy": policy}[args.cmd](args)
 
 
 if __name__ == "__main__":

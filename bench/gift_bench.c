@@ -15,6 +15,8 @@
 
 /* bench_cluster.c (its prototype lives here, not in bench_common.h). */
 int bench_cluster_main(int argc, char **argv);
+/* bench_policy.c. */
+int bench_policy_main(int argc, char **argv);
 
 static void usage(FILE *f)
 {
@@ -29,6 +31,8 @@ static void usage(FILE *f)
             "            one layer) for fp8-e4m3 and nvfp4, Euclidean and GIFT at several ranks\n"
             "  cluster   end-to-end giftd throughput on loopback: S shards, W workers, every\n"
             "            codec, against a raw-TCP baseline\n"
+            "  policy    the per-tensor chooser (gift_policy.h) on a dumped step of a whole\n"
+            "            model: policies all/none/auto/hits and bit budgets, measured\n"
             "\n"
             "Every subcommand prints a markdown table to stdout and writes JSON\n"
             "(default %s/<subcommand>.json, relative to the current directory).\n"
@@ -80,6 +84,8 @@ int main(int argc, char **argv)
         return bench_fidelity_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "cluster") == 0)
         return bench_cluster_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "policy") == 0)
+        return bench_policy_main(argc - 1, argv + 1);
     fprintf(stderr, "gift-bench: unknown subcommand '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

@@ -465,7 +465,7 @@ static int run_push(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
                                    w->ef_on ? dw->e_dev : NULL, d->p_dev, d->work_dev);
     for (uint32_t k = 0; rc == 0 && k < w->nchunks; k++) {
         const gift__chunk_t *ch = gift__chunk_of(c, w, k);
-        gift_codec_params_t cp = w->push;
+        gift_codec_params_t cp = ps->push;
         cp.sr.seed = c->seed;
         cp.sr.rank = (uint32_t)c->rank;
         cp.sr.key = w->key;
@@ -474,8 +474,8 @@ static int run_push(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         dw->rep[k].fired = 0;
         rc = gift_gpu_push_chunk(d->ctx, &cp, d->p_dev + ch->off, ch->n,
                                  w->ef_on ? dw->e_dev + ch->off : NULL, d->pay_dev + ch->push_off,
-                                 ps->payload + ch->push_off, ch->push_l.total, &dw->st_host[k],
-                                 ready_cb, &dw->rep[k]);
+                                 ps->payload + ch->push_off, gift__ps_push_len(ps, ch),
+                                 &dw->st_host[k], ready_cb, &dw->rep[k]);
         if (rc == 0)
             j->nexp++;
     }
@@ -560,9 +560,10 @@ static int run_pull(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         const gift__chunk_t *ch = gift__chunk_of(c, w, k);
         if (!dw->staged[j->slot][k] || dw->dec[j->slot][k])
             continue;
-        rc = gift_gpu_pull_chunk(d->ctx, &w->pull, dw->stage[j->slot] + dw->pull_off[k],
-                                 ch->pull_l.total, ch->n, d->pay_dev + dw->pull_off[k],
-                                 pl->target + ch->off);
+        rc = gift_gpu_pull_chunk(d->ctx, gift__pull_codec(w, pl->epoch),
+                                 dw->stage[j->slot] + dw->pull_off[k],
+                                 gift__pull_len(w, pl->epoch, ch), ch->n,
+                                 d->pay_dev + dw->pull_off[k], pl->target + ch->off);
         if (rc == 0) {
             dw->dec[j->slot][k] = 1;
             enq++;
@@ -704,7 +705,7 @@ static void dev_pull_chunk(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl
 {
     gift__dwire_t *dw = w->dw;
     int s = (int)(pl - w->pl);
-    if (payload != NULL && len == ch->pull_l.total) {
+    if (payload != NULL && len == gift__pull_len(w, pl->epoch, ch)) {
         memcpy(dw->stage[s] + dw->pull_off[ch->idx], payload, len);
         dw->staged[s][ch->idx] = 1;
     }
@@ -754,7 +755,7 @@ static int dev_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
 static int dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
                     const gift__geo_t *G, uint32_t epoch)
 {
-    (void)G;
+    gift__ps_codecs(w, ps, G);
     gift__eng_push_begin(c, w, ps, epoch, NULL); /* not in nencoding: the device reports */
     dev_push_job(c, w, ps, src);
     return 0;

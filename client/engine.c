@@ -855,17 +855,16 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
         return; /* late: the pull was abandoned or answered already */
     if (m->step < UINT64_MAX && m->step + 1 > c->conns[shard].resume)
         c->conns[shard].resume = m->step + 1; /* the shard finished that step */
-    if (f->payload_len != ch->pull_l.total || m->codec == NULL ||
-        (int)m->codec->format != (int)w->pull.fmt) {
-        rc = GIFT_ESHAPE;
-    } else if (w->geometry && pl->epoch_set && m->epoch != pl->epoch) {
+    if (w->geometry && pl->epoch_set && m->epoch != pl->epoch) {
         rc = GIFT_EEPOCH;
     } else {
-        rc = w->path->decode(c, w, pl, ch, f->payload, (size_t)f->payload_len);
-    }
-    if (!pl->epoch_set) {
-        pl->epoch = m->epoch;
+        pl->epoch = m->epoch; /* its decision's pull codec (host.c) decodes it */
         pl->epoch_set = 1;
+        if (f->payload_len != gift__pull_len(w, m->epoch, ch) || m->codec == NULL ||
+            (int)m->codec->format != (int)gift__pull_codec(w, m->epoch)->fmt)
+            rc = GIFT_ESHAPE;
+        else
+            rc = w->path->decode(c, w, pl, ch, f->payload, (size_t)f->payload_len);
     }
     if (rc < 0 && pl->err == 0)
         pl->err = rc;
@@ -914,8 +913,7 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
     slot->used = 0;
     memcpy(slot->g.U, f->payload, dks * sizeof(float));
     memcpy(slot->g.lambda, f->payload + dks * sizeof(float), w->ks * sizeof(float));
-    rc = gift_geometry_load(&slot->g, slot->g.U, slot->g.lambda, m->trace, m->sigma2, m->delta,
-                            m->epoch, m->identity);
+    rc = gift__geo_load(c, w, slot, m); /* its decision too (host.c) */
     if (rc < 0) {
         if (c->cmd_declare)
             c->geo_err = rc;

@@ -26,8 +26,10 @@ int gift__send_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, gift_
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__Push m = GIFT__PUSH__INIT;
-    Gift__Codec cd;
-    codec_wire(&cd, &w->push);
+    Gift__Codec cd, pcd;
+    codec_wire(&cd, &ps->push); /* the declared codec, or its epoch's decision */
+    codec_wire(&pcd, &ps->pull);
+    m.pull_codec = ps->tr ? &pcd : NULL;
     m.key = w->key;
     m.chunk = ch->idx;
     m.step = ps->step;
@@ -36,7 +38,7 @@ int gift__send_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, gift_
     m.seq = next_seq(c, GIFT__SEQ_PUSH);
     env.msg_case = GIFT__ENVELOPE__MSG_PUSH;
     env.push = &m;
-    return c->io->queue(c, ch->shard, &env, ps->payload + ch->push_off, ch->push_l.total,
+    return c->io->queue(c, ch->shard, &env, ps->payload + ch->push_off, gift__ps_push_len(ps, ch),
                         w->push_prio, &ps->inflight);
 }
 

@@ -164,6 +164,10 @@ typedef struct gift__pstate {
     uint8_t *sent;    /* per chunk: queued on the current connection */
     uint32_t nacked;
     uint32_t nenc;     /* chunks encoded so far (SENT/ACKED: only these may be queued) */
+    /* Its codecs: its epoch's decision (tr: the Push names the pull codec
+     * too), else the declared ones (gift__ps_codecs). */
+    gift_codec_params_t push, pull;
+    int tr;
     const float *encp; /* while encoding: the transformed gradient (+ residual) */
     uint8_t *payload;  /* every chunk's encoded payload, 64-aligned */
     float *asmb;       /* fused: the assembled gradient */
@@ -186,6 +190,11 @@ typedef struct gift__lstate {
 
 typedef struct gift__geo {
     gift_geometry_t g;
+    /* The owner's decision for this epoch (gift.proto Geometry 12..17):
+     * the codecs of its steps (the declared ones when tr is 0); Euclidean
+     * and a lowered rank are in g (identity, k). */
+    gift_codec_params_t push, pull;
+    int tr;
     uint64_t valid_from;
     int used;
     uint32_t gen; /* bumped at every load (device copies compare it) */
@@ -387,6 +396,28 @@ struct gift_client {
 /* The host path (host.c), every wire's unless the device table's declare gives it a
  * device's. */
 extern const gift__path_t gift__host_path;
+
+/* The policy's decision, on the host path (host.c). */
+/* Loads Geometry m (its payload already in G->g.U and G->g.lambda) into G:
+ * the transform of its decision (Euclidean: identity; a lowered rank) and
+ * its codecs, each checked: a rank above the declared one, an unknown codec
+ * or one larger than a declared buffer is GIFT_ESHAPE and G is not loaded. */
+int gift__geo_load(gift_client_t *c, gift__wire_t *w, gift__geo_t *G, const Gift__Geometry *m);
+/* ps's codecs from its epoch G (NULL: the declared ones). */
+void gift__ps_codecs(const gift__wire_t *w, gift__pstate_t *ps, const gift__geo_t *G);
+/* The pull codec of w's steps under epoch e (the declared one when e is not
+ * held or carries no decision), and its payload bytes for chunk ch. */
+const gift_codec_params_t *gift__pull_codec(gift__wire_t *w, uint32_t e);
+size_t gift__pull_len(gift__wire_t *w, uint32_t e, const gift__chunk_t *ch);
+
+/* Payload bytes of ps's push of chunk ch. */
+static inline size_t gift__ps_push_len(const gift__pstate_t *ps, const gift__chunk_t *ch)
+{
+    gift_layout_t l;
+    if (!ps->tr || gift_layout(&ps->push, ch->n, &l) < 0)
+        return ch->push_l.total;
+    return l.total;
+}
 
 /* The geometry slot of w holding epoch e, or NULL. */
 static inline gift__geo_t *gift__geo_by_epoch(gift__wire_t *w, uint32_t e)

@@ -46,15 +46,15 @@ static int encode_ef(gift__wire_t *w, gift__pstate_t *ps, const gift_codec_param
     int rc = GIFT_EFORMAT;
 
     if (!cp->stochastic)
-        rc = gift_encode_mean_ef(cp, pc, ch->n, 1.0f, e, pay, ch->push_l.total);
+        rc = gift_encode_mean_ef(cp, pc, ch->n, 1.0f, e, pay, gift__ps_push_len(ps, ch));
     if (rc != GIFT_EFORMAT)
         return rc;
     q = (w->nmembers > 1 ? ps->asmb : w->p) + ch->off;
     if (q != pc)
         memcpy(q, pc, ch->n * sizeof(float));
     gift_vec_add(q, e, ch->n);
-    if ((rc = gift_encode(cp, q, ch->n, pay, ch->push_l.total)) < 0 ||
-        (rc = gift_decode(cp, pay, ch->push_l.total, ch->n, e)) < 0)
+    if ((rc = gift_encode(cp, q, ch->n, pay, gift__ps_push_len(ps, ch))) < 0 ||
+        (rc = gift_decode(cp, pay, gift__ps_push_len(ps, ch), ch->n, e)) < 0)
         return rc;
     gift_vec_sub(q, e, ch->n, e);
     return 0;
@@ -82,7 +82,7 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
     while (ps->nenc < w->nchunks && (done == 0 || done < budget)) {
         uint32_t j = ps->nenc;
         gift__chunk_t *ch = gift__chunk_of(c, w, j);
-        gift_codec_params_t cp = w->push;
+        gift_codec_params_t cp = ps->push;
         uint8_t *pay = ps->payload + ch->push_off;
         const float *p = ps->encp;
         cp.sr.seed = c->seed;
@@ -93,7 +93,8 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
         if (w->ef_on)
             rc = encode_ef(w, ps, &cp, ch, pay);
         else
-            rc = gift__backend_cpu()->encode(NULL, &cp, p + ch->off, ch->n, pay, ch->push_l.total);
+            rc = gift__backend_cpu()->encode(NULL, &cp, p + ch->off, ch->n, pay,
+                                             gift__ps_push_len(ps, ch));
         if (rc < 0) {
             stop_encoding(c, w);
             gift__eng_push_fail(c, ps, rc);
@@ -142,6 +143,7 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
             return rc;
         p = w->p;
     }
+    gift__ps_codecs(w, ps, G);
     if (w->ef_on && w->ef.epoch != epoch) { /* the residual is added as each chunk encodes */
         gift__geo_t *old = gift__geo_by_epoch(w, w->ef.epoch);
         if (old == NULL || G == NULL || gift_ef_rebase(&w->ef, &old->g, &G->g, w->work) < 0)
@@ -163,7 +165,8 @@ static int host_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
                        const gift__chunk_t *ch, const void *payload, size_t len)
 {
     (void)c;
-    return gift__backend_cpu()->decode(NULL, &w->pull, payload, len, ch->n, pl->target + ch->off);
+    return gift__backend_cpu()->decode(NULL, gift__pull_codec(w, pl->epoch), payload, len, ch->n,
+                                       pl->target + ch->off);
 }
 
 static void host_chunk_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
@@ -233,3 +236,80 @@ const gift__path_t gift__host_path = {
     .sketch = host_sketch,
     .quiesce = host_quiesce,
 };
+
+/* ------------------------------------------------------------------ */
+/* The owner's decision (gift.proto Geometry fields 12..17)              */
+/* ------------------------------------------------------------------ */
+
+/* decl with the format and block of wire codec m: 0, or GIFT_ESHAPE for an
+ * unknown format or block, or one that does not fit every chunk's buffer
+ * (push: the push areas; else the pull buffers). */
+static int treat_codec(gift_client_t *c, const gift__wire_t *w, const Gift__Codec *m,
+                       const gift_codec_params_t *decl, int push, gift_codec_params_t *out)
+{
+    gift_layout_t l;
+    *out = *decl;
+    if (m == NULL)
+        return 0;
+    if ((uint32_t)m->format >= (uint32_t)GIFT_FMT_COUNT_)
+        return GIFT_ESHAPE;
+    out->fmt = (gift_format_t)m->format;
+    out->block = m->block;
+    for (uint32_t j = 0; j < w->nchunks; j++) {
+        const gift__chunk_t *ch = gift__chunk_of(c, w, j);
+        if (gift_layout(out, ch->n, &l) < 0 ||
+            l.total > (push ? ch->push_l.total : ch->pull_l.total))
+            return GIFT_ESHAPE;
+    }
+    return 0;
+}
+
+int gift__geo_load(gift_client_t *c, gift__wire_t *w, gift__geo_t *G, const Gift__Geometry *m)
+{
+    gift_codec_params_t push, pull;
+    uint32_t k = m->transform_rank ? m->transform_rank : w->k;
+    double sigma2 = m->sigma2;
+    int rc;
+
+    if (k > w->k || (rc = treat_codec(c, w, m->push_codec, &w->push, 1, &push)) < 0 ||
+        (rc = treat_codec(c, w, m->pull_codec, &w->pull, 0, &pull)) < 0)
+        return GIFT_ESHAPE;
+    G->g.k = (int)k;
+    if (k < w->k) {
+        /* The lowered rank's sigma2, from the lambda and trace just received. */
+        G->g.trace = m->trace;
+        sigma2 = gift_geometry_rank_sigma2(&G->g, (int)k);
+    }
+    if ((rc = gift_geometry_load(&G->g, G->g.U, G->g.lambda, m->trace, sigma2, m->delta,
+                                 m->epoch, m->identity || m->euclidean)) < 0) {
+        G->g.k = (int)w->k;
+        return rc;
+    }
+    G->push = push;
+    G->pull = pull;
+    G->tr = m->euclidean || m->transform_rank != 0 || m->push_codec != NULL ||
+            m->pull_codec != NULL;
+    return 0;
+}
+
+void gift__ps_codecs(const gift__wire_t *w, gift__pstate_t *ps, const gift__geo_t *G)
+{
+    ps->tr = G != NULL && G->tr;
+    ps->push = ps->tr ? G->push : w->push;
+    ps->pull = ps->tr ? G->pull : w->pull;
+}
+
+const gift_codec_params_t *gift__pull_codec(gift__wire_t *w, uint32_t e)
+{
+    const gift__geo_t *G = w->geometry ? gift__geo_by_epoch(w, e) : NULL;
+    return G != NULL && G->tr ? &G->pull : &w->pull;
+}
+
+size_t gift__pull_len(gift__wire_t *w, uint32_t e, const gift__chunk_t *ch)
+{
+    const gift_codec_params_t *p = gift__pull_codec(w, e);
+    gift_layout_t l;
+    if (p == &w->pull || gift_layout(p, ch->n, &l) < 0)
+        return ch->pull_l.total;
+    return l.total;
+}

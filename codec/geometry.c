@@ -750,3 +750,16 @@ int gift_ef_rebase(gift_ef_t *ef, const gift_geometry_t *old_g, const gift_geome
     ef->epoch = new_g->epoch;
     return 0;
 }
+
+double gift_geometry_rank_sigma2(const gift_geometry_t *g, int k)
+{
+    double sum = 0.0, s2;
+    if (g == NULL || g->lambda == NULL || k < 1 || k > g->ks || k > g->din)
+        return NAN;
+    if (k == g->din)
+        return 0.0;
+    for (int j = 0; j < k; j++)
+        sum += (double)g->lambda[j];
+    s2 = (g->trace - sum) / (double)(g->din - k);
+    return s2 > 0.0 ? s2 : 0.0;
+}

@@ -321,6 +321,13 @@ double gift_geometry_decay_at(double decay, uint32_t n);
 int gift_geometry_load(gift_geometry_t *g, const float *U, const float *lambda, double trace,
                        double sigma2, double delta, uint32_t epoch, int identity);
 
+/* sigma2 of g's epoch for a transform of rank k (1 <= k <= g->ks):
+ * max(0, trace - sum of lambda[0..k)) / (din - k) in double from the float
+ * lambda, 0 when k == din. What a worker and the owner load for an epoch
+ * whose decision lowers the rank (gift.proto Geometry.transform_rank), so
+ * every one of them holds the same transform. NaN for a k out of range. */
+double gift_geometry_rank_sigma2(const gift_geometry_t *g, int k);
+
 /* Sketch of one worker's layer inputs X (n x din, row-major):
  * Y = X^T (X Q) / n (din x ks) and *trace = tr(X^T X) / n. work must hold
  * n * ks floats (allocated once by the caller). */

@@ -20,6 +20,22 @@ f32 | bf16 | fp8 | fp8-gift | nvfp4 | nvfp4-gift ("-gift": the GIFT geometry on
 every nn.Linear weight with at least 64 inputs and --gift-min elements; all
 other tensors Euclidean, in the same format).
 
+--comm auto-8 and auto-4.5 declare the tensors as fp8-gift and need shards
+running the geometry owner's policy (giftd(8), POLICY): auto-8 `--policy
+auto`, auto-4.5 `--policy auto --budget-bits 4.5`, which then chooses per
+tensor and epoch GIFT or Euclidean, the rank and the format. The worker cannot
+set the shards' policy; start them with it, e.g.
+
+    build/tools/giftrun --workers 2 --shards 1 --giftd-arg=--policy=auto \
+        --giftd-arg=--budget-bits=4.5 -- \
+        /usr/bin/python3 examples/train_llama.py --comm auto-4.5 --steps 300
+
+--policy and --budget-bits name other combinations (e.g. --comm fp8-gift
+--policy none). The run checks them against the shards' /metrics when it can
+read it (the HTTP port next to each protocol port, or --http) and stops on a
+mismatch; summary.json records them and, from rank 0, the shards' final
+per-tensor decisions (gift.policy_table).
+
 The baselines a user already has run from the same script, on the same
 model, data and schedule, without giftd (no GIFT_SERVERS needed):
 ddp-allreduce (DDP on gloo without a hook: PyTorch's default), ddp-fp16
@@ -68,6 +84,9 @@ import gift.torch  # noqa: E402
 
 # --comm names that do not go through giftd: PyTorch's own DDP communication.
 DDP_COMMS = ("ddp-allreduce", "ddp-fp16", "ddp-powersgd", "none")
+# --comm arms of the geometry owner's policy (giftd(8), POLICY): the tensors are
+# declared as fp8-gift, and the shards must run this policy and budget.
+POLICY_COMMS = {"auto-8": ("fp8-gift", "auto", 0.0), "auto-4.5": ("fp8-gift", "auto", 4.5)}
 
 
 # --------------------------------------------------------------------- model
@@ -297,7 +316,17 @@ def netdev_bytes(dev):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--comm", default="f32", choices=list(gift.torch.COMMS) + list(DDP_COMMS))
+    p.add_argument("--comm", default="f32",
+                   choices=list(gift.torch.COMMS) + list(POLICY_COMMS) + list(DDP_COMMS))
+    p.add_argument("--policy", choices=["all", "none", "auto", "hits"],
+                   help="the policy the shards run (giftd --policy); default: the --comm "
+                        "arm's (auto-*: auto), else all. Checked against the shards' /metrics "
+                        "when their HTTP port is reachable (port + 1, or --http)")
+    p.add_argument("--budget-bits", type=float, default=None,
+                   help="the shards' budget_bits (giftd --budget-bits); default: the arm's "
+                        "(auto-4.5: 4.5), else unset")
+    p.add_argument("--http", help="host:port,... of the shards' HTTP ports, for the policy "
+                                  "check and table (default: each of GIFT_SERVERS's ports + 1)")
     p.add_argument("--powersgd-rank", default="1",
                    help="ddp-powersgd: matrix approximation rank (PyTorch's default 1), or "
                         "match-nvfp4")
@@ -343,6 +372,41 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def shard_policy_table(args, log):
+    """The shards' per-tensor decisions (gift.policy_table), or None when
+    their /metrics cannot be read."""
+    try:
+        return gift.policy_table(os.environ.get("GIFT_SERVERS"), args.http, timeout=2.0)
+    except (OSError, ValueError) as e:
+        log(f"train_llama: the shards' policy table cannot be read ({e}); pass --http")
+        return None
+
+
+def check_shard_policy(args, log):
+    """The policy and budget this run needs (--policy, --budget-bits, or the
+    --comm arm's), checked against what the shards report. The worker cannot
+    set them: the giftd it runs against must be started with them (giftrun
+    --giftd-arg=--policy=auto --giftd-arg=--budget-bits=4.5). A mismatch
+    stops the run, so a table is never labelled with a policy it did not
+    run; shards whose /metrics cannot be read are trusted, with a warning."""
+    arm = POLICY_COMMS.get(args.comm)
+    want = args.policy or (arm[1] if arm else "all")
+    budget = args.budget_bits if args.budget_bits is not None else (arm[2] if arm else 0.0)
+    args.policy_seen, args.budget_bits_seen = want, budget
+    try:
+        shards = gift.policy.shard_policies(os.environ.get("GIFT_SERVERS"), args.http, 2.0)
+    except (OSError, ValueError) as e:
+        log(f"train_llama: cannot read the shards' policy ({e}); assuming policy {want}, "
+            f"budget_bits {budget:g}")
+        return
+    for i, sh in enumerate(shards):
+        if sh["policy"] is not None and (sh["policy"] != want or sh["budget_bits"] != budget):
+            sys.exit(f"train_llama: --comm {args.comm} needs shards with policy {want} and "
+                     f"budget_bits {budget:g}; shard {i} runs policy {sh['policy']}, "
+                     f"budget_bits {sh['budget_bits']:g} (start giftd with --policy {want}"
+                     + (f" --budget-bits {budget:g}" if budget else "") + ")")
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -361,6 +425,7 @@ def main(argv=None):
     nparams = sum(p.numel() for p in model.parameters())
 
     args.powersgd_rank_used = None
+    args.policy_seen = args.budget_bits_seen = None
     if args.comm == "ddp-powersgd":
         # One bucket: PowerSGD chains a second allreduce (Q) onto each bucket's
         # first (P) from gloo's own threads, so with two buckets in flight the
@@ -374,7 +439,9 @@ def main(argv=None):
         state = None
         how = setup_ddp_comm(ddp, model, args)
     else:
-        policy = gift.torch.Policy.from_comm(args.comm, refresh=args.refresh,
+        check_shard_policy(args, log)
+        policy = gift.torch.Policy.from_comm(POLICY_COMMS.get(args.comm, (args.comm,))[0],
+                                             refresh=args.refresh,
                                              rank=args.gift_rank, min_numel=args.gift_min,
                                              error_feedback=False if args.no_ef else None,
                                              pull_error_feedback=False if args.no_pull_ef
@@ -523,6 +590,8 @@ def main(argv=None):
         "steps_per_s": len(rows) / elapsed, "epochs_switched": stats["epochs_switched"],
         "geometry_tensors": [t.name for t in state.tensors if t.geometry] if state else [],
         "powersgd_rank": args.powersgd_rank_used,
+        "policy": args.policy_seen, "budget_bits": args.budget_bits_seen,
+        "policy_table": shard_policy_table(args, log) if state and rank == 0 else None,
         "args": vars(args),
     }
     if csv:

@@ -107,13 +107,15 @@ typedef struct gift_gpu_geometry {
     float *U_dev;
     float *d_dev;
     float *d_inv_dev;
+    int k_cap; /* the rank d_dev and d_inv_dev were allocated for (k may be lower) */
 } gift_gpu_geometry_t;
 
 /* Allocates the device buffers for din, k, ks (once). Returns 0, GIFT_EINVAL,
  * GIFT_ENOMEM. Starts as an identity geometry. */
 int gift_gpu_geometry_init(gift_gpu_geometry_t *g, int din, int k, int ks);
 void gift_gpu_geometry_free(gift_gpu_geometry_t *g);
-/* Copies host geometry h (same din, k, ks) into g on c's stream; h must stay
+/* Copies host geometry h (same din and ks, 1 <= k <= the allocated k: an
+ * epoch of lowered rank sets g's k to h's) into g on c's stream; h must stay
  * unchanged until the next gift_gpu_sync. Returns 0, GIFT_EINVAL, GIFT_EIO. */
 int gift_gpu_geometry_upload(gift_gpu_ctx_t *c, gift_gpu_geometry_t *g, const gift_geometry_t *h);
 

@@ -48,7 +48,7 @@ extern "C" int gift_gpu_geometry_init(gift_gpu_geometry_t *g, int din, int k, in
         gift_gpu_geometry_free(g);
         return GIFT_ENOMEM;
     }
-    g->din = din, g->k = k, g->ks = ks;
+    g->din = din, g->k = k, g->ks = ks, g->k_cap = k;
     g->identity = 1;
     g->c = g->c_inv = 1.0f;
     return 0;
@@ -71,7 +71,9 @@ extern "C" int gift_gpu_geometry_upload(gift_gpu_ctx_t *c, gift_gpu_geometry_t *
 
     if (c == NULL || g == NULL || h == NULL || g->U_dev == NULL || h->U == NULL)
         return GIFT_EINVAL;
-    if (h->din != g->din || h->k != g->k || h->ks != g->ks)
+    /* An epoch may lower the rank (the owner's policy): d and d_inv were
+     * sized for k_cap, U keeps its ks columns. */
+    if (h->din != g->din || h->k < 1 || h->k > g->k_cap || h->ks != g->ks)
         return GIFT_EINVAL;
     if ((rc = gift__gpu_cuda(c,
                              cudaMemcpyAsync(g->U_dev, h->U, (size_t)h->din * h->ks * 4,
@@ -90,6 +92,7 @@ extern "C" int gift_gpu_geometry_upload(gift_gpu_ctx_t *c, gift_gpu_geometry_t *
             return rc;
     }
     g->identity = h->identity;
+    g->k = h->k;
     g->epoch = h->epoch;
     g->c = h->c;
     g->c_inv = h->c_inv;

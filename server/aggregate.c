@@ -27,17 +27,16 @@ static void pres_for_epoch(chunk_t *ch, uint32_t epoch)
  * encode error (an overflowed mean) the residual is dropped (zeroed). */
 static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv, int hits)
 {
-    const tensor_t *t = ch->t;
     float *acc = sl->acc, *e = ch->pres;
     int rc;
     pres_for_epoch(ch, sl->epoch < 0 ? 0 : (uint32_t)sl->epoch);
-    if (!hits && (rc = gift_encode_mean_ef(&t->pull, acc, ch->n, inv, e, r->buf->data,
+    if (!hits && (rc = gift_encode_mean_ef(&sl->pull, acc, ch->n, inv, e, r->buf->data,
                                            r->buf->cap)) != GIFT_EFORMAT)
         return rc;
     for (size_t i = 0; i < ch->n; i++)
         acc[i] = (acc[i] * inv + 0.0f) + e[i];
-    if ((rc = gift_encode(&t->pull, acc, ch->n, r->buf->data, r->buf->cap)) < 0 ||
-        (rc = gift_decode(&t->pull, r->buf->data, ch->pull_l.total, ch->n, e)) < 0) {
+    if ((rc = gift_encode(&sl->pull, acc, ch->n, r->buf->data, r->buf->cap)) < 0 ||
+        (rc = gift_decode(&sl->pull, r->buf->data, sl->pull_len, ch->n, e)) < 0) {
         memset(e, 0, ch->n * sizeof *e);
         return rc;
     }
@@ -71,7 +70,7 @@ static int reply_writable(chunk_t *ch, reply_t *r)
 static int add_in_order(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uint64_t step,
                         uint32_t epoch, int now, const uint8_t *payload, size_t len)
 {
-    const gift_codec_params_t *cp = &ch->t->push;
+    const gift_codec_params_t *cp = &sl->push;
     if (now && sl->next + 1 == world && !hits) {
         reply_t *r = &ch->reply[step & 1];
         if (reply_writable(ch, r) == 0) {
@@ -85,10 +84,10 @@ static int add_in_order(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uint6
                     (rc = gift_payload_check(cp, payload, len, ch->n)) < 0)
                     return rc;
                 pres_for_epoch(ch, epoch);
-                rc = gift_decode_encode_mean_ef(cp, payload, len, acc, ch->n, inv, &ch->t->pull,
+                rc = gift_decode_encode_mean_ef(cp, payload, len, acc, ch->n, inv, &sl->pull,
                                                 ch->pres, r->buf->data, r->buf->cap);
             } else {
-                rc = gift_decode_encode_mean(cp, payload, len, acc, ch->n, inv, &ch->t->pull,
+                rc = gift_decode_encode_mean(cp, payload, len, acc, ch->n, inv, &sl->pull,
                                              r->buf->data, r->buf->cap);
             }
             if (rc == GIFT_EBADCODE)
@@ -109,7 +108,7 @@ int gift__agg_ordered_add(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uin
                           uint32_t epoch, int now, uint32_t rank, const uint8_t *payload,
                           size_t len)
 {
-    const gift_codec_params_t *cp = &ch->t->push;
+    const gift_codec_params_t *cp = &sl->push;
     int rc;
     if (rank != sl->next) {
         if ((rc = gift_payload_check(cp, payload, len, ch->n)) < 0)
@@ -123,7 +122,7 @@ int gift__agg_ordered_add(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uin
     while (sl->next < world && bit_get(sl->ranks, sl->next)) {
         /* Validated when it arrived. */
         rc = add_in_order(ch, sl, world, hits, step, epoch, now,
-                          sl->pay + (size_t)sl->next * ch->pay_stride, ch->push_l.total);
+                          sl->pay + (size_t)sl->next * ch->pay_stride, sl->push_len);
         if (rc < 0)
             return rc;
         sl->next++;
@@ -133,7 +132,6 @@ int gift__agg_ordered_add(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uin
 
 int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits)
 {
-    const tensor_t *t = ch->t;
     const float inv = 1.0f / (float)world;
 
     /* Writes of step - 2 still hold the buffer: leave it to them. */
@@ -152,7 +150,7 @@ int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits
     if (hits) {
         for (size_t i = 0; i < ch->n; i++)
             sl->acc[i] = sl->acc[i] * inv + 0.0f;
-        return gift_encode(&t->pull, sl->acc, ch->n, r->buf->data, r->buf->cap);
+        return gift_encode(&sl->pull, sl->acc, ch->n, r->buf->data, r->buf->cap);
     }
-    return gift_encode_mean(&t->pull, sl->acc, ch->n, inv, r->buf->data, r->buf->cap);
+    return gift_encode_mean(&sl->pull, sl->acc, ch->n, inv, r->buf->data, r->buf->cap);
 }

@@ -26,9 +26,12 @@
 
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const aggregate_names[] = {"eager", "ordered", NULL};
+/* In the order of GIFT_POLICY_* (codec/gift_policy.h). */
+static const char *const policy_names[] = {"all", "none", "auto", "hits", NULL};
 
 _Static_assert(sizeof(enum gift_log_level) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(enum gift_aggregate) == sizeof(int), "enum fields are stored as int");
+_Static_assert(sizeof(enum gift_config_policy) == sizeof(int), "enum fields are stored as int");
 
 #define KIB (INT64_C(1) << 10)
 #define MIB (INT64_C(1) << 20)
@@ -188,6 +191,35 @@ static const gift_config_option_t options[] = {
              "at the second round to BETA (weights BETA^age over the rounds seen).\n"
              "0 <= BETA < 1; 0 = the latest round only. The first epoch is never\n"
              "averaged. Set the same value on every shard."},
+    {.name = "policy", .type = GIFT_CONFIG_ENUM, .where = GIFT_CONFIG_IN_ALL, FIELD(policy),
+     .names = policy_names, .defval = "all",
+     .help = "GIFT geometry owners: how each tensor declared with geometry is treated,\n"
+             "decided at every epoch and published with it, so every worker and shard\n"
+             "apply the same. all: GIFT at the declared rank. none: Euclidean (T = I).\n"
+             "auto: GIFT or Euclidean, the rank from {k/4, k/2, k} and, with\n"
+             "budget_bits, the format, minimising the predicted whole-update error from\n"
+             "the new geometry and the last averaged gradient. hits: GIFT where the\n"
+             "fp8 boundary-hit rate is at least hits_threshold (the GIFT paper's rule).\n"
+             "Run jointly over the tensors a shard owns. Not with checkpoint_steps\n"
+             "(decisions are not persisted yet)."},
+    {.name = "budget_bits", .type = GIFT_CONFIG_REAL, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(budget_bits), .min = 0, .max = 33, .defval = "0", .metavar = "BITS",
+     .help = "Average wire bits per element over the tensors a shard owns (geometry\n"
+             "bytes amortised over the refresh interval counted in): the owner may\n"
+             "give a tensor a smaller format than declared (fp8 -> nvfp4) to meet it.\n"
+             "Every shard holding it holds it for the whole model. 0 = unset: each\n"
+             "tensor keeps the format its workers declared."},
+    {.name = "max_transform_gflops", .type = GIFT_CONFIG_REAL, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(max_transform_gflops), .min = 0, .max = 1000000000, .defval = "0",
+     .metavar = "GFLOP",
+     .help = "Cap on the transform work per worker per step over the tensors a shard\n"
+             "owns (T on push, T^-1 on pull: 8 rows din k flops), for CPU workers: the\n"
+             "owner lowers ranks or turns GIFT off to stay under it. 0 = no cap."},
+    {.name = "hits_threshold", .type = GIFT_CONFIG_REAL, .where = GIFT_CONFIG_IN_ALL,
+     FIELD(hits_threshold), .min = 0, .max = 1, .defval = "0", .metavar = "RATE",
+     .help = "policy hits: GIFT for tensors whose fp8 boundary-hit rate (codes\n"
+             "saturated or flushed per element) is at least RATE. 0 = the chooser's\n"
+             "default (1e-3)."},
     {.name = "checkpoint_steps", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL,
      FIELD(checkpoint_steps), .min = 0, .max = INT_MAX, .defval = "0", .metavar = "N",
      .help = "Persistence. N > 0: write a checkpoint to data_dir every N steps and on\n"
@@ -1033,6 +1065,19 @@ static int check_whole(const gift_config_t *c, char *err, size_t errlen)
                     "http_port %d (%s) is the same as port (%s); use another port, 0 to pick "
                     "one, or off",
                     c->http_port, a, b);
+    }
+    if ((c->policy != GIFT_CONFIG_POLICY_ALL || c->budget_bits > 0.0 ||
+         c->max_transform_gflops > 0.0) &&
+        c->checkpoint_steps > 0) {
+        describe_origin(c, (size_t)gift_config_option_index("policy"), a, sizeof a);
+        describe_origin(c, (size_t)gift_config_option_index("checkpoint_steps"), b, sizeof b);
+        return fail(err, errlen,
+                    "policy %s (%s) with budget_bits %g and max_transform_gflops %g cannot be "
+                    "used with checkpoint_steps %d (%s): the owner's decisions are not persisted "
+                    "yet; use policy all without budget_bits and max_transform_gflops, or "
+                    "checkpoint_steps 0",
+                    policy_names[c->policy], a, c->budget_bits, c->max_transform_gflops,
+                    c->checkpoint_steps, b);
     }
     if (c->chunk_bytes > c->max_frame_bytes) {
         describe_origin(c, (size_t)chunk, a, sizeof a);

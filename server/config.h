@@ -51,6 +51,14 @@ enum gift_aggregate {
     GIFT_AGGREGATE_ORDERED = 1 /* add pushes in rank order: bit-reproducible sums */
 };
 
+/* The geometry owner's policy (the values of GIFT_POLICY_*, codec/gift_policy.h). */
+enum gift_config_policy {
+    GIFT_CONFIG_POLICY_ALL = 0,
+    GIFT_CONFIG_POLICY_NONE = 1,
+    GIFT_CONFIG_POLICY_AUTO = 2,
+    GIFT_CONFIG_POLICY_HITS = 3
+};
+
 /* Where an option's value came from. */
 enum gift_config_source {
     GIFT_CONFIG_FROM_DEFAULT = 0,
@@ -97,6 +105,10 @@ typedef struct gift_config {
     int stall_warn;    /* seconds before a stalled step is logged; 0 = never */
     int stall_timeout; /* seconds before a stalled step fails; 0 = never */
     enum gift_aggregate aggregate;
+    enum gift_config_policy policy;           /* the owner's per-tensor treatment */
+    double budget_bits;                       /* bits per element; 0 = unset */
+    double max_transform_gflops;              /* transform cap per worker step; 0 = none */
+    double hits_threshold;                    /* policy hits; 0 = the chooser's default */
     int checkpoint_steps;                     /* checkpoint every N steps; 0 = off */
     double geometry_decay;                    /* covariance running average, [0, 1) */
     char auth_key_file[GIFT_CONFIG_PATH_MAX]; /* "" = no authentication */

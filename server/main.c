@@ -121,6 +121,10 @@ int main(int argc, char **argv)
     o.shard.max_step_ahead = (uint64_t)c.max_step_ahead;
     o.shard.damping = GIFT_DAMPING_DEFAULT;
     o.shard.geometry_decay = c.geometry_decay;
+    o.shard.policy = (int)c.policy;
+    o.shard.budget_bits = c.budget_bits;
+    o.shard.max_transform_gflops = c.max_transform_gflops;
+    o.shard.hits_threshold = c.hits_threshold;
     o.shard.hits_every = 100; /* the boundary-hit measurement is a slow scalar pass */
     o.shard.stall_warn_s = (uint32_t)c.stall_warn;
     o.shard.stall_timeout_s = (uint32_t)c.stall_timeout;

@@ -205,6 +205,54 @@ static int render_tensors(const gift_shard_t *s, gift_str_t *out)
         P("giftd_boundary_hit_ratio{key=\"%u\",tensor=\"%s\",codec=\"%s\"} %g\n", ts.key, name,
           ts.pull_codec, ts.hit_rate);
     }
+    /* The geometry owner's decision for the newest epoch (issue 24). */
+    P("# HELP giftd_tensor_policy 1, labelled with the treatment the geometry owner chose for "
+      "the newest epoch of a tensor (mode gift or euclidean, its push and pull codecs).\n"
+      "# TYPE giftd_tensor_policy gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_tensor_policy{key=\"%u\",tensor=\"%s\",mode=\"%s\",push_codec=\"%s\","
+          "pull_codec=\"%s\"} 1\n",
+          ts.key, name, ts.mode, ts.epoch_push_codec, ts.epoch_pull_codec);
+    }
+    P("# HELP giftd_tensor_transform_rank Transform rank k of the newest epoch of a tensor.\n"
+      "# TYPE giftd_tensor_transform_rank gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_tensor_transform_rank{key=\"%u\",tensor=\"%s\"} %u\n", ts.key, name, ts.rank);
+    }
+    P("# HELP giftd_tensor_predicted_error_ratio The chooser's predicted error of the newest "
+      "epoch's treatment over Euclidean at the declared format (1: unknown, 0: not run).\n"
+      "# TYPE giftd_tensor_predicted_error_ratio gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_tensor_predicted_error_ratio{key=\"%u\",tensor=\"%s\"} %g\n", ts.key, name,
+          ts.pred_ratio);
+    }
+    P("# HELP giftd_tensor_element_cost Wire bits per element of the newest epoch's "
+      "treatment, geometry amortised (0: the chooser did not run).\n"
+      "# TYPE giftd_tensor_element_cost gauge\n");
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        P("giftd_tensor_element_cost{key=\"%u\",tensor=\"%s\"} %g\n", ts.key, name,
+          ts.bits);
+    }
     P("# HELP giftd_tensor_missing_ranks Ranks that have not pushed the oldest unfinished step "
       "of a tensor.\n"
       "# TYPE giftd_tensor_missing_ranks gauge\n");
@@ -301,6 +349,20 @@ static int render_process(const gift_shard_t *s, const gift_proc_info_t *pi, gif
       "# TYPE giftd_resident_memory_bytes gauge\n"
       "giftd_resident_memory_bytes %llu\n",
       gift_shard_world_size(s), gift_shard_tensor_count(s), (unsigned long long)rss_bytes());
+    {
+        gift_shard_policy_t po;
+        gift_shard_policy(s, &po);
+        P("# HELP giftd_policy 1, labelled with the geometry owner's policy (giftd --policy).\n"
+          "# TYPE giftd_policy gauge\n"
+          "giftd_policy{policy=\"%s\"} 1\n"
+          "# HELP giftd_policy_budget The policy's budget in wire bits per element (0: unset).\n"
+          "# TYPE giftd_policy_budget gauge\n"
+          "giftd_policy_budget %g\n"
+          "# HELP giftd_policy_max_transform_gflops The policy's transform cap (0: none).\n"
+          "# TYPE giftd_policy_max_transform_gflops gauge\n"
+          "giftd_policy_max_transform_gflops %g\n",
+          po.name, po.budget_bits, po.max_transform_gflops);
+    }
     if (pi)
         P("# HELP giftd_start_time_seconds Start time of the process since the epoch.\n"
           "# TYPE giftd_start_time_seconds gauge\n"

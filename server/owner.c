@@ -45,6 +45,7 @@ int gift__owner_publish(tensor_t *t, uint64_t valid_from)
     }
     t->epochs[t->nepochs].epoch = t->geo.epoch;
     t->epochs[t->nepochs].valid_from = valid_from;
+    memset(&t->epochs[t->nepochs].tr, 0, sizeof t->epochs[0].tr); /* declared, until decided */
     t->nepochs++;
     return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "log.h"
 #include "owner.h"
+#include "policy_owner.h"
 #include "send.h"
 
 void gift__count_error(gift_shard_t *s, int code)
@@ -94,8 +95,8 @@ void gift__send_reply(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const 
                    t->key, ch->id, gift_strerror(r->err));
         return;
     }
-    codec.format = t->pull_fmt;
-    codec.block = t->pull_block;
+    codec.format = (Gift__Format)r->pull.fmt; /* the step's (the declared, or its epoch's) */
+    codec.block = r->pull.block;
     pr.key = t->key;
     pr.chunk = ch->id;
     pr.step = r->step;
@@ -106,10 +107,10 @@ void gift__send_reply(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const 
     pr.latest_epoch = (t->owner && t->geometry && ch->id == 0) ? gift__owner_latest_epoch(t) : 0;
     env.msg_case = GIFT__ENVELOPE__MSG_PULL_REPLY;
     env.pull_reply = &pr;
-    if (gift__send_frame(s, p, &env, r->buf, 0, ch->pull_l.total) == 0) {
-        s->c.pull_bytes_out[t->pull.fmt] += ch->pull_l.total;
-        s->c.pull_frames_out[t->pull.fmt]++;
-        t->bytes_out += ch->pull_l.total;
+    if (gift__send_frame(s, p, &env, r->buf, 0, r->len) == 0) {
+        s->c.pull_bytes_out[r->pull.fmt] += r->len;
+        s->c.pull_frames_out[r->pull.fmt]++;
+        t->bytes_out += r->len;
     }
 }
 
@@ -117,6 +118,7 @@ void gift__send_geometry(gift_shard_t *s, gift_peer_t *p, const tensor_t *t, uin
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__Geometry g = GIFT__GEOMETRY__INIT;
+    Gift__Codec push, pull;
     g.key = t->key;
     g.epoch = t->geo.epoch;
     g.valid_from_step = t->nepochs ? t->epochs[t->nepochs - 1].valid_from : 0;
@@ -128,6 +130,7 @@ void gift__send_geometry(gift_shard_t *s, gift_peer_t *p, const tensor_t *t, uin
     g.delta = t->geo.delta;
     g.identity = t->geo.identity != 0;
     g.seq = seq;
+    gift__pol_geometry_wire(t, &g, &push, &pull);
     env.msg_case = GIFT__ENVELOPE__MSG_GEOMETRY;
     env.geometry = &g;
     (void)gift__send_frame(s, p, &env, t->geo_buf, 0, t->geo_buf->len);

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "owner.h"
 #include "peers.h"
+#include "policy_owner.h"
 #include "reset.h"
 #include "send.h"
 #include "shard_internal.h"
@@ -33,49 +34,6 @@ const double gift_lat_bounds[GIFT_LAT_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.
 /* Helpers                                                               */
 /* ------------------------------------------------------------------ */
 
-static int format_from_wire(Gift__Format f)
-{
-    switch (f) {
-    case GIFT__FORMAT__FORMAT_F32:
-        return GIFT_FMT_F32;
-    case GIFT__FORMAT__FORMAT_BF16:
-        return GIFT_FMT_BF16;
-    case GIFT__FORMAT__FORMAT_FP8_E4M3:
-        return GIFT_FMT_E4M3;
-    case GIFT__FORMAT__FORMAT_FP8_E5M2:
-        return GIFT_FMT_E5M2;
-    case GIFT__FORMAT__FORMAT_NVFP4:
-        return GIFT_FMT_NVFP4;
-    default:
-        return GIFT_EFORMAT;
-    }
-}
-
-/* Codec params from a wire Codec (NULL means f32). Returns 0 or GIFT_EFORMAT. */
-static int codec_from_wire(const Gift__Codec *c, gift_codec_params_t *p)
-{
-    gift_layout_t l;
-    int f = format_from_wire(c ? c->format : GIFT__FORMAT__FORMAT_F32);
-    if (f < 0)
-        return GIFT_EFORMAT;
-    memset(p, 0, sizeof *p);
-    p->fmt = (gift_format_t)f;
-    p->block = c ? c->block : 0;
-    return gift_layout(p, 1, &l);
-}
-
-static int codec_equal(const Gift__Codec *c, Gift__Format fmt, uint32_t block)
-{
-    Gift__Format f = c ? c->format : GIFT__FORMAT__FORMAT_F32;
-    uint32_t b = c ? c->block : 0;
-    if (f != fmt)
-        return 0;
-    if (f == GIFT__FORMAT__FORMAT_FP8_E4M3 || f == GIFT__FORMAT__FORMAT_FP8_E5M2)
-        return (b ? b : GIFT_FP8_BLOCK_DEFAULT) == (block ? block : GIFT_FP8_BLOCK_DEFAULT);
-    return 1;
-}
-
-/* 1 when step is one of those that measure the pull codec's boundary hits. */
 static int hits_step(const gift_shard_t *s, uint64_t step)
 {
     return s->o.hits_every && step % s->o.hits_every == 0;
@@ -109,7 +67,7 @@ gift_shard_t *gift_shard_new(const gift_shard_opts_t *o, const gift_shard_io_t *
         s->o.max_step_ahead = GIFT_STEP_AHEAD_DEFAULT;
     if (!(s->o.damping > 0.0))
         s->o.damping = GIFT_DAMPING_DEFAULT;
-    if (!(s->o.geometry_decay >= 0.0 && s->o.geometry_decay < 1.0)) {
+    if (!(s->o.geometry_decay >= 0.0 && s->o.geometry_decay < 1.0) || !gift__pol_opts_ok(&s->o)) {
         free(s);
         return NULL;
     }
@@ -158,6 +116,7 @@ static void store_free(gift_shard_t *s)
         tensor_t *t = &s->tensors[i];
         free(t->name);
         free(t->by_id);
+        gift__pol_free(t);
         if (t->owner && t->geometry) {
             gift_geometry_free(&t->geo);
             free(t->ysum);
@@ -169,6 +128,10 @@ static void store_free(gift_shard_t *s)
     }
     free(s->chunks);
     free(s->tensors);
+    free(s->pol_in);
+    free(s->pol_out);
+    s->pol_in = s->pol_out = NULL;
+    s->pol_round_ok = 0;
     free(s->decl);
     free(s->pending);
     s->pending = NULL;
@@ -210,13 +173,6 @@ static uint64_t placement_sig(Gift__ChunkDecl *const *c, size_t n)
         sig += x ^ (x >> 31);
     }
     return sig;
-}
-
-/* The owner's publish, under the name store_build calls it by. */
-static int publish_geometry(gift_shard_t *s, tensor_t *t, uint64_t valid_from)
-{
-    (void)s;
-    return gift__owner_publish(t, valid_from);
 }
 
 /* qsort order of a tensor's chunk index: ascending chunk id. */
@@ -265,8 +221,8 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
             rc = GIFT_ESHAPE;
             goto fail;
         }
-        if (codec_from_wire(td->push_codec, &t->push) < 0 ||
-            codec_from_wire(td->pull_codec, &t->pull) < 0 ||
+        if (gift__pol_codec_from_wire(td->push_codec, &t->push) < 0 ||
+            gift__pol_codec_from_wire(td->pull_codec, &t->pull) < 0 ||
             gift_layout(&t->push, 1, &l) < 0 || gift_layout(&t->pull, 1, &l) < 0) {
             snprintf(why, whylen, "tensor %u has an unknown codec or block size", td->key);
             rc = GIFT_ECODEC;
@@ -351,7 +307,7 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
             }
     }
     /* Within max_memory before the first buffer is allocated. */
-    s->mem = gift__admit_store_need(s, d);
+    s->mem = gift__admit_store_need(s, d) + gift__pol_mem_need(s);
     if ((rc = gift__admit_budget(s, s->mem, "the declaration", why, whylen)) < 0)
         goto fail;
     rc = GIFT_ENOMEM;
@@ -370,6 +326,10 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
                 goto fail;
             }
             ch->slot[j].epoch = -1;
+            ch->slot[j].push = ch->t->push;
+            ch->slot[j].pull = ch->reply[j].pull = ch->t->pull;
+            ch->slot[j].push_len = ch->push_l.total;
+            ch->slot[j].pull_len = ch->reply[j].len = ch->pull_l.total;
         }
         if (ch->t->pull_ef && (ch->pres = calloc(ch->n, sizeof(float))) == NULL)
             goto fail;
@@ -393,9 +353,12 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
             (ordered && ((t->yr = calloc((size_t)t->cols * t->ks * s->world, sizeof(float))) ==
                              NULL ||
                          (t->tr = calloc(s->world, sizeof(double))) == NULL)) ||
-            publish_geometry(s, t, 0) < 0)
+            gift__owner_publish(t, 0) < 0)
             goto fail;
     }
+    if ((rc = gift__pol_alloc(s)) < 0)
+        goto fail;
+    gift__pol_epoch0(s);
     s->declared = 1;
     return 0;
 fail:
@@ -660,12 +623,6 @@ chunk_t *gift__shard_find_chunk(gift_shard_t *s, uint32_t key, uint32_t id)
     return find_chunk(s, key, id);
 }
 
-/* The owner's epoch of a step, under the name handle_push calls it by. */
-static uint32_t epoch_for_step(const tensor_t *t, uint64_t step)
-{
-    return gift__owner_epoch_for_step(t, step);
-}
-
 /* Finishes step ch->base (all world pushes summed): mean, encode into the
  * step's reply buffer, wake parked pulls, advance; repeats while the next
  * step is complete too. */
@@ -678,8 +635,11 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         uint64_t step = ch->base;
         int rc;
 
-        rc = gift__agg_mean(ch, sl, r, s->world, hits_step(s, step));
-        r->buf->len = ch->pull_l.total;
+        /* On hits steps and those whose mean the policy keeps, acc ends holding it. */
+        rc = gift__agg_mean(ch, sl, r, s->world,
+                            hits_step(s, step) || gift__pol_wants_mean(ch, step));
+        r->pull = sl->pull;
+        r->buf->len = r->len = sl->pull_len;
         r->err = rc < 0 ? rc : 0;
         r->step = step;
         r->epoch = sl->epoch < 0 ? 0 : (uint32_t)sl->epoch;
@@ -701,9 +661,11 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         }
         if (rc == 0 && hits_step(s, step)) {
             gift_hits_t h;
-            if (gift_boundary_hits(&t->pull, sl->acc, r->buf->data, r->buf->cap, ch->n, &h) == 0 &&
-                h.n > 0)
+            if (gift_boundary_hits(&r->pull, sl->acc, r->buf->data, r->buf->cap, ch->n, &h) == 0 &&
+                h.n > 0) {
                 t->hit_rate = (double)(h.saturated + h.flushed) / (double)h.n;
+                t->hit_known = 1;
+            }
         }
         if (sl->t_first) {
             double lat = (double)(now_ns(s) - sl->t_first) * 1e-9;
@@ -713,6 +675,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
             s->c.lat_bucket[b]++;
             s->c.lat_sum += lat;
         }
+        gift__pol_observe(ch, sl, r);
         /* The accumulator is not cleared: the step's first push overwrites it. */
         memset(sl->ranks, 0, s->words * sizeof(uint64_t));
         sl->count = 0;
@@ -743,7 +706,9 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
 static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, uint32_t epoch,
                        int now, uint32_t rank, const uint8_t *payload, size_t len)
 {
-    return gift__agg_ordered_add(ch, sl, s->world, hits_step(s, step), step, epoch, now, rank,
+    return gift__agg_ordered_add(ch, sl, s->world,
+                                 hits_step(s, step) || gift__pol_wants_mean(ch, step), step,
+                                 epoch, now, rank,
                                  payload, len);
 }
 
@@ -755,6 +720,9 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
     tensor_t *t;
     slot_t *sl;
     uint64_t base;
+    gift_codec_params_t cp, lp;
+    size_t plen, llen;
+    char why[256];
     int rc, dup = 0;
 
     if (ch == NULL) {
@@ -764,16 +732,15 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
         return 0;
     }
     t = ch->t;
-    if (!codec_equal(m->codec, t->push_fmt, t->push_block)) {
-        send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq,
-                   "push codec differs from tensor %u's declared push codec %s", m->key,
-                   gift_format_name(t->push.fmt));
+    /* The declared codecs, or those of the epoch's decision (policy_owner.h). */
+    if (gift__pol_push_codecs(ch, m, &cp, &lp, &plen, &llen, why, sizeof why) < 0) {
+        send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq, "%s", why);
         return 0;
     }
-    if (f->payload_len != ch->push_l.total) {
+    if (f->payload_len != plen) {
         send_error(s, p, GIFT_ESHAPE, 0, m->key, m->chunk, m->step, m->seq,
                    "push payload is %" PRIu64 " bytes; chunk %u of tensor %u needs %zu",
-                   f->payload_len, m->chunk, m->key, ch->push_l.total);
+                   f->payload_len, m->chunk, m->key, plen);
         return 0;
     }
     /* A chunk's first accepted push fixes its base step; a refused one must
@@ -803,7 +770,7 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
             else if (sl->epoch >= 0)
                 want = (uint32_t)sl->epoch;
             else if (t->owner)
-                want = epoch_for_step(t, m->step);
+                want = gift__owner_epoch_for_step(t, m->step);
             else if (gift__admit_epoch_plausible(ch, m->step, m->epoch))
                 want = m->epoch;
             else {
@@ -820,6 +787,11 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                            m->epoch, m->step, m->key, want);
                 return 0;
             }
+            if (gift__pol_step_codecs(ch, sl, m->epoch, &cp, &lp, plen, llen, why, sizeof why) <
+                0) {
+                send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq, "%s", why);
+                return 0;
+            }
             if (s->o.aggregate == GIFT_SHARD_ORDERED)
                 rc = ordered_add(s, ch, sl, m->step, m->epoch, m->step == base, p->rank,
                                  f->payload, f->payload_len);
@@ -827,9 +799,9 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
              * adding to a cleared one: v and 0 + v differ only for v = -0,
              * and the +0 of the mean's scaling makes the bytes the same. */
             else if (sl->count == 0)
-                rc = gift_decode(&t->push, f->payload, f->payload_len, ch->n, sl->acc);
+                rc = gift_decode(&sl->push, f->payload, f->payload_len, ch->n, sl->acc);
             else
-                rc = gift_decode_acc(&t->push, f->payload, f->payload_len, ch->n, sl->acc);
+                rc = gift_decode_acc(&sl->push, f->payload, f->payload_len, ch->n, sl->acc);
             if (rc < 0) {
                 send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
                            "push payload rejected: %s", gift_strerror(rc));
@@ -844,8 +816,8 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                 sl->t_first = now_ns(s);
             sl->epoch = m->epoch;
             s->c.pushes++;
-            s->c.push_bytes_in[t->push.fmt] += f->payload_len;
-            s->c.push_frames_in[t->push.fmt]++;
+            s->c.push_bytes_in[sl->push.fmt] += f->payload_len;
+            s->c.push_frames_in[sl->push.fmt]++;
             t->bytes_in += f->payload_len;
         }
     }
@@ -956,6 +928,7 @@ static uint64_t first_clean_step(const tensor_t *t, uint64_t from)
 int gift__shard_round_finish(gift_shard_t *s, tensor_t *t)
 {
     uint64_t step = t->sk_step;
+    gift_treat_t tr;
     int rc;
     if ((rc = gift__owner_build(t, s->world, s->o.aggregate == GIFT_SHARD_ORDERED, s->o.damping,
                                 s->o.geometry_decay)) < 0) {
@@ -965,10 +938,12 @@ int gift__shard_round_finish(gift_shard_t *s, tensor_t *t)
         gift__count_error(s, rc);
         return rc;
     }
+    gift__pol_decide(s, t, &tr, step);
     if ((rc = gift__owner_publish_round(t, first_clean_step(t, step + 1))) < 0) {
         gift__count_error(s, rc);
         return rc;
     }
+    t->epochs[t->nepochs - 1].tr = tr;
     s->c.epochs_published++;
     GIFT_LOG_INFO(0,
                   "tensor %u: epoch %u published, valid from step %" PRIu64

@@ -104,6 +104,14 @@ typedef struct gift_shard_opts {
     double damping;            /* geometry damping (GIFT_DAMPING_DEFAULT) */
     double geometry_decay;     /* covariance running average, [0, 1); 0: latest round only */
     uint32_t hits_every;       /* measure pull-codec boundary hits every N steps (0: never) */
+    /* The geometry owner's per-tensor policy (policy_owner.h): GIFT_POLICY_*
+     * of codec/gift_policy.h (0: all), the bit budget per element (0: none,
+     * formats stay declared), the transform cap in GFLOP per step (0: none)
+     * and the boundary-hit threshold of policy hits (0: the chooser's). */
+    int policy;
+    double budget_bits;
+    double max_transform_gflops;
+    double hits_threshold;
     uint32_t stall_warn_s;     /* log a step waiting this long for ranks (0: never) */
     uint32_t stall_timeout_s;  /* fail its parked pulls after this long (0: never) */
     int aggregate;             /* GIFT_SHARD_ORDERED (0, default) or GIFT_SHARD_EAGER */
@@ -237,9 +245,23 @@ typedef struct gift_tensor_status {
     double hit_rate;     /* boundary hits / codes, last measured step */
     uint64_t bytes_in, bytes_out;
     const char *push_codec, *pull_codec;
+    /* The newest epoch's decision (owner only; the declared treatment when
+     * no policy changed it): "gift" or "euclidean", the transform rank, the
+     * epoch's codecs, the chooser's predicted error ratio and bits per
+     * element (0 when the chooser did not run). */
+    const char *mode, *epoch_push_codec, *epoch_pull_codec;
+    uint32_t rank;
+    double pred_ratio, bits;
 } gift_tensor_status_t;
 int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_status_t *out,
                              uint64_t *missing_bitmap, size_t words);
+
+/* The policy the shard runs (giftd --policy, budget_bits, max_transform_gflops). */
+typedef struct gift_shard_policy {
+    const char *name; /* gift_policy_name */
+    double budget_bits, max_transform_gflops;
+} gift_shard_policy_t;
+void gift_shard_policy(const gift_shard_t *s, gift_shard_policy_t *out);
 
 /* Returns 1 when ready to serve (always, once created); for /readyz. */
 int gift_shard_ready(const gift_shard_t *s);

@@ -88,6 +88,11 @@ struct gift_shard {
     gift_peer_t **by_rank;
     uint32_t by_rank_len;
     uint64_t mem; /* bytes the declared store takes (store_need) */
+    /* The chooser's inputs and outputs (policy_owner.c), one per owned
+     * geometry tensor, allocated at declaration when a policy is active. */
+    void *pol_in, *pol_out;
+    uint64_t pol_round; /* the sketch step pol_out was chosen for, when pol_round_ok */
+    int pol_round_ok;
     gift_shard_counters_t c;
     uint8_t head[HEAD_MAX];
 };

@@ -7,9 +7,18 @@
 #include <string.h>
 
 #include "gift_error.h"
+#include "gift_policy.h"
 #include "owner.h"
+#include "policy_owner.h"
 #include "shard_internal.h"
 #include "stats.h"
+
+void gift_shard_policy(const gift_shard_t *s, gift_shard_policy_t *out)
+{
+    out->name = gift_policy_name(s->o.policy);
+    out->budget_bits = s->o.budget_bits;
+    out->max_transform_gflops = s->o.max_transform_gflops;
+}
 
 int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_status_t *out,
                              uint64_t *missing, size_t words)
@@ -29,6 +38,16 @@ int gift_shard_tensor_status(const gift_shard_t *s, size_t index, gift_tensor_st
     out->bytes_out = t->bytes_out;
     out->push_codec = gift_format_name(t->push.fmt);
     out->pull_codec = gift_format_name(t->pull.fmt);
+    if (out->owner) {
+        const gift_treat_t *tr = gift__pol_treat_of(t, out->epoch);
+        int set = tr != NULL && tr->set;
+        out->mode = set && tr->euclid ? "euclidean" : "gift";
+        out->rank = set ? tr->k : t->k;
+        out->epoch_push_codec = gift_format_name(set ? tr->push.fmt : t->push.fmt);
+        out->epoch_pull_codec = gift_format_name(set ? tr->pull.fmt : t->pull.fmt);
+        out->pred_ratio = tr != NULL ? tr->pred_ratio : 0.0;
+        out->bits = tr != NULL ? tr->bits : 0.0;
+    }
     for (uint32_t i = 0; i < t->nchunks; i++) {
         const chunk_t *ch = t->by_id[i];
         if (ch && ch->started && (oldest == NULL || ch->base < oldest->base))
@@ -88,6 +107,15 @@ int gift__stats_build(const gift_shard_t *s, uint64_t seq, gift_stats_msg_t *sm)
         ts->push_codec = (char *)ss.push_codec;
         ts->pull_codec = (char *)ss.pull_codec;
         ts->boundary_hit_rate = ss.hit_rate;
+        if (ss.owner) {
+            ts->policy_owner = 1;
+            ts->mode = (char *)ss.mode;
+            ts->transform_rank = ss.rank;
+            ts->epoch_push_codec = (char *)ss.epoch_push_codec;
+            ts->epoch_pull_codec = (char *)ss.epoch_pull_codec;
+            ts->predicted_ratio = ss.pred_ratio;
+            ts->bits = ss.bits;
+        }
         ts->missing_ranks = sm->ranks + nr;
         if (ss.has_step)
             for (uint32_t r = 0; r < s->world; r++)

@@ -20,6 +20,17 @@
 
 struct parked;
 
+/* The treatment the geometry owner's policy chose for a tensor's epoch
+ * (policy_owner.h; gift.proto Geometry fields 12..17). set 0: the declared
+ * treatment, and nothing of it travels. */
+typedef struct gift_treat {
+    int set;
+    int euclid;        /* T = I for this epoch's steps */
+    uint32_t k;        /* transform rank (1..declared k) */
+    gift_codec_params_t push, pull;
+    double pred_ratio, bits;
+} gift_treat_t;
+
 typedef struct slot {
     float *acc;
     uint64_t *ranks; /* bitmap of ranks that pushed */
@@ -33,6 +44,10 @@ typedef struct slot {
      * in one pass (fused_rc: that encode's result); acc was not written. */
     int fused, fused_rc;
     int64_t epoch; /* -1: no push yet */
+    /* The step's codecs, fixed by its first accepted push (the declared
+     * ones, or those of its epoch's decision) and the push payload's size. */
+    gift_codec_params_t push, pull;
+    size_t push_len, pull_len;
     uint64_t t_first;
     int warned; /* the stall warning for this step was logged */
 } slot_t;
@@ -43,6 +58,8 @@ typedef struct reply {
     int err;     /* 0, or the code pulls of this step get (e.g. the mean overflowed) */
     uint64_t step;
     uint32_t epoch;
+    gift_codec_params_t pull; /* the codec of buf, len bytes */
+    size_t len;
     gift_rbuf_t *buf;
 } reply_t;
 
@@ -70,6 +87,7 @@ typedef struct chunk {
 typedef struct epoch_rec {
     uint32_t epoch;
     uint64_t valid_from;
+    gift_treat_t tr; /* the policy's decision for it */
 } epoch_rec_t;
 
 struct tensor {
@@ -104,8 +122,16 @@ struct tensor {
     gift_rbuf_t *geo_buf;
     epoch_rec_t epochs[MAX_EPOCH_RECS];
     uint32_t nepochs;
+    /* Policy (policy_owner.c): the latest finished mean of chunk 0 in
+     * Euclidean coordinates (nrows x cols f32, allocated at declaration
+     * when a policy other than all or a budget is set; gbar_ok once
+     * filled), the step it is of, and the scratch of its T^-1. */
+    float *gbar, *gbar_work, *gbar_d, *gbar_dinv;
+    int gbar_ok;
+    uint64_t gbar_step;
     /* Status. */
     double hit_rate;
+    int hit_known; /* hit_rate was measured at least once */
     uint64_t bytes_in, bytes_out;
 };
 

@@ -8,6 +8,9 @@
  *                              the ranks that have not pushed it, codecs,
  *                              geometry epoch, bytes, boundary-hit rate
  *   giftctl [OPTIONS] stats    per shard: the protocol counters
+ *   giftctl [OPTIONS] policy   per geometry tensor a shard owns: the
+ *                              treatment its policy chose for the newest
+ *                              epoch (mode, rank, codecs, predicted ratio)
  *   giftctl [OPTIONS] reset    makes each shard drop all of its state (the
  *                              declared tensors, steps, run id, and its
  *                              checkpoint and step logs): a Reset after the
@@ -15,7 +18,7 @@
  *                              (--force closes them) or when --run-id names
  *                              another run
  *
- * status and stats speak the worker protocol (proto/gift.proto): a Hello
+ * status, stats and policy speak the worker protocol (proto/gift.proto): a Hello
  * named "giftctl", then a StatsRequest. A Hello must carry the cluster's
  * world size, which a tool does not know (a Hello no longer fixes it, but
  * one of another world size than the shard's is refused); so giftctl reads
@@ -56,7 +59,7 @@
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
 
-typedef enum { CMD_PING, CMD_STATUS, CMD_STATS, CMD_RESET } cmd_t;
+typedef enum { CMD_PING, CMD_STATUS, CMD_STATS, CMD_POLICY, CMD_RESET } cmd_t;
 
 typedef struct opts {
     cmd_t cmd;
@@ -847,12 +850,62 @@ static int run_ping(const opts_t *o, const endpoint_t *eps, int n)
     return bad ? EXIT_FAIL : 0;
 }
 
+/* giftctl policy: the geometry owner's decision for the newest epoch of
+ * each tensor this shard owns (TensorStats.policy_owner). */
+static void policy_table(const Gift__Stats *st)
+{
+    size_t owned = 0;
+    for (size_t t = 0; t < st->n_tensors; t++)
+        owned += st->tensors[t]->policy_owner;
+    printf(", %zu geometry tensors owned here\n", owned);
+    if (owned)
+        printf("  %4s  %-24s %5s  %-9s %5s  %-9s %-9s %7s %6s\n", "key", "tensor", "epoch",
+               "mode", "k", "push", "pull", "ratio", "bits");
+    for (size_t t = 0; t < st->n_tensors; t++) {
+        const Gift__TensorStats *ts = st->tensors[t];
+        char ratio[32] = "-", bits[32] = "-";
+        if (!ts->policy_owner)
+            continue;
+        if (ts->predicted_ratio > 0.0)
+            snprintf(ratio, sizeof ratio, "%.3f", ts->predicted_ratio);
+        if (ts->bits > 0.0)
+            snprintf(bits, sizeof bits, "%.2f", ts->bits);
+        printf("  %4u  %-24s %5u  %-9s %5u  %-9s %-9s %7s %6s\n", ts->key,
+               ts->name ? ts->name : "", ts->epoch, ts->mode ? ts->mode : "", ts->transform_rank,
+               ts->epoch_push_codec ? ts->epoch_push_codec : "",
+               ts->epoch_pull_codec ? ts->epoch_pull_codec : "", ratio, bits);
+    }
+}
+
+static void policy_json(const Gift__Stats *st)
+{
+    int first = 1;
+    printf(",\"tensors\":[");
+    for (size_t t = 0; st && t < st->n_tensors; t++) {
+        const Gift__TensorStats *ts = st->tensors[t];
+        if (!ts->policy_owner)
+            continue;
+        printf("%s{\"key\":%u,\"name\":", first ? "" : ",", ts->key);
+        first = 0;
+        json_str(stdout, ts->name ? ts->name : "");
+        printf(",\"epoch\":%u,\"mode\":", ts->epoch);
+        json_str(stdout, ts->mode ? ts->mode : "");
+        printf(",\"rank\":%u,\"push_codec\":", ts->transform_rank);
+        json_str(stdout, ts->epoch_push_codec ? ts->epoch_push_codec : "");
+        printf(",\"pull_codec\":");
+        json_str(stdout, ts->epoch_pull_codec ? ts->epoch_pull_codec : "");
+        printf(",\"predicted_ratio\":%.6g,\"bits\":%.6g}", ts->predicted_ratio, ts->bits);
+    }
+    printf("]");
+}
+
 static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
                                const gift_auth_key_t *key)
 {
     int bad = 0;
     if (o->json)
-        printf("{\"command\":\"%s\",\"shards\":[", o->cmd == CMD_STATUS ? "status" : "stats");
+        printf("{\"command\":\"%s\",\"shards\":[",
+               o->cmd == CMD_STATUS ? "status" : o->cmd == CMD_POLICY ? "policy" : "stats");
     for (int i = 0; i < n; i++) {
         const endpoint_t *e = &eps[i];
         double deadline = now_s() + o->timeout;
@@ -908,6 +961,8 @@ static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
                            st->frames_in, st->frames_out, st->bytes_in, st->bytes_out, st->pushes,
                            st->pulls, st->steps_finished, st->connections, st->n_tensors);
             }
+            if (o->cmd == CMD_POLICY && ok)
+                policy_json(st);
             if (o->cmd == CMD_STATUS && ok) {
                 printf(",\"tensors\":[");
                 for (size_t t = 0; st && t < st->n_tensors; t++) {
@@ -948,6 +1003,8 @@ static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
                 printf(": ERROR %s\n", err);
             } else if (world == 0) {
                 printf(": no worker has connected yet\n");
+            } else if (o->cmd == CMD_POLICY) {
+                policy_table(st);
             } else if (o->cmd == CMD_STATS) {
                 printf(", world %ld\n  frames in %" PRIu64 " out %" PRIu64 ", bytes in %" PRIu64
                        " out %" PRIu64 "\n  pushes %" PRIu64 ", pulls %" PRIu64
@@ -1071,7 +1128,7 @@ static int run_reset(const opts_t *o, const endpoint_t *eps, int n, const gift_a
 
 static void usage(FILE *f)
 {
-    fprintf(f, "Usage: giftctl [OPTION...] ping|status|stats|reset\n"
+    fprintf(f, "Usage: giftctl [OPTION...] ping|status|stats|policy|reset\n"
                "       giftctl --auth-key-file SECRET rank-key RANK > rank.key\n"
                "\n"
                "Asks running giftd shards how they are, or resets them.\n"
@@ -1084,6 +1141,9 @@ static void usage(FILE *f)
                "           boundary-hit rate of the pull codec\n"
                "  stats    per shard: frames, bytes, pushes, pulls, finished steps,\n"
                "           connections\n"
+               "  policy   per geometry tensor a shard owns: the newest epoch's treatment\n"
+               "           (gift or euclidean, rank, push and pull codecs, the predicted\n"
+               "           error ratio and bits per element of giftd's policy)\n"
                "  reset    makes each shard drop all of its state: tensors, steps, run id\n"
                "           and its checkpoint and step logs, so that the next run starts\n"
                "           there; refused while workers are connected (see --force) or\n"
@@ -1229,6 +1289,8 @@ int main(int argc, char **argv)
         o.cmd = CMD_STATUS;
     else if (strcmp(argv[optind], "stats") == 0)
         o.cmd = CMD_STATS;
+    else if (strcmp(argv[optind], "policy") == 0)
+        o.cmd = CMD_POLICY;
     else if (strcmp(argv[optind], "reset") == 0)
         o.cmd = CMD_RESET;
     else {

@@ -31,10 +31,12 @@ import traceback
 
 from . import _lib
 from ._lib import GiftError, strerror
+from .policy import parse_metrics, policy_table
 
 __all__ = ["Client", "Tensor", "Op", "GiftError", "strerror", "version", "codec_of",
            "MEMORY_HOST", "MEMORY_CUDA",
-           "F32", "BF16", "FP8_E4M3", "FP8_E5M2", "NVFP4", "library_path"]
+           "F32", "BF16", "FP8_E4M3", "FP8_E5M2", "NVFP4", "library_path", "policy_table",
+           "parse_metrics"]
 
 F32, BF16, FP8_E4M3, FP8_E5M2, NVFP4 = 0, 1, 2, 3, 4
 _CODECS = {"f32": F32, "fp32": F32, "bf16": BF16, "fp8": FP8_E4M3, "fp8-e4m3": FP8_E4M3,

@@ -21,6 +21,9 @@
  *             summation order than OpenBLAS, and the server builds its epochs
  *             from those sketches); both ranks' results bit-identical within
  *             each run; every result near the exact mean.
+ *   parity_policy_none  the same against a giftd running policy none: the
+ *             geometry tensor's epochs are Euclidean, so it too must be
+ *             bit-identical between the host and the device runs.
  *   errors    one worker: a declare asking for a device that does not
  *             exist fails with GIFT_ENODEV, an unknown memory kind with
  *             GIFT_EINVAL; a NaN in a device gradient (f32, and fp8 with
@@ -303,12 +306,13 @@ static size_t run_floats(void)
     return n * NSTEPS;
 }
 
-/* Starts giftd (world 2), runs both workers of one run, stops giftd; the
- * results go to path_fmt with the rank. */
-static void parity_run(int memory, const char *tmpl)
+/* Starts giftd (world 2; policy none: every epoch Euclidean), runs both
+ * workers of one run, stops giftd; the results go to path_fmt with the rank. */
+static void parity_run(int memory, const char *tmpl, int euclid)
 {
     static const char *const flags[] = {"--world-size", "2", NULL};
-    daemon_opts_t o = {.log_prefix = "giftd-clientdev-", .flags = flags};
+    static const char *const none[] = {"--world-size", "2", "--policy", "none", NULL};
+    daemon_opts_t o = {.log_prefix = "giftd-clientdev-", .flags = euclid ? none : flags};
     pid_t pid[2];
     daemon_start_opts(&o, NULL, 1);
     for (int r = 0; r < 2; r++) {
@@ -353,7 +357,7 @@ static float *load(const char *path, uint32_t *epochs)
     return v;
 }
 
-START_TEST(test_parity)
+static void parity(int euclid)
 {
     const char *tmp = getenv("TMPDIR");
     char host_t[512], dev_t[512], path[600];
@@ -366,8 +370,8 @@ START_TEST(test_parity)
              (int)getpid());
     snprintf(dev_t, sizeof dev_t, "%s/gift-clientdev-%d-dev-%%d.bin", tmp && *tmp ? tmp : "/tmp",
              (int)getpid());
-    parity_run(GIFT_MEMORY_HOST, host_t);
-    parity_run(GIFT_MEMORY_CUDA, dev_t);
+    parity_run(GIFT_MEMORY_HOST, host_t, euclid);
+    parity_run(GIFT_MEMORY_CUDA, dev_t, euclid);
     for (int r = 0; r < 2; r++) {
         snprintf(path, sizeof path, host_t, r);
         res[0][r] = load(path, &epochs[0][r]);
@@ -397,7 +401,7 @@ START_TEST(test_parity)
                                 (double)res[k][0][base + i], (double)res[k][1][base + i]);
             for (size_t i = 0; i < n; i++) {
                 double h = res[0][0][base + i], dv = res[1][0][base + i];
-                if (!SPECS[t].geo)
+                if (!SPECS[t].geo || euclid)
                     require_msg(memcmp(&res[0][0][base + i], &res[1][0][base + i], 4) == 0,
                                 "step %d, %s: device and host results differ first at element "
                                 "%zu: device %.9g (0x%08x), host %.9g (0x%08x)",
@@ -433,6 +437,21 @@ START_TEST(test_parity)
     free(want);
     free(a);
     free(b);
+}
+
+START_TEST(test_parity)
+{
+    parity(0);
+}
+END_TEST
+
+/* The owner's policy none (issue 24): the geometry tensor's epochs are
+ * Euclidean, which the device path applies as an identity transform, so
+ * even that tensor must be bit-identical between the host and the device
+ * runs, and its sketches still build epochs. */
+START_TEST(test_parity_policy_none)
+{
+    parity(1);
 }
 END_TEST
 
@@ -656,6 +675,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_replay);
     tcase_add_test(tc, test_parity);
+    tcase_add_test(tc, test_parity_policy_none);
     suite_add_tcase(s, tc);
     return s;
 }

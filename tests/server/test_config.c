@@ -422,6 +422,25 @@ START_TEST(test_flags)
               "0.9"),
             NULL);
     ck_assert_msg(c.geometry_decay == 0.9, "geometry_decay %.17g", c.geometry_decay);
+    ck_assert_msg(c.policy == GIFT_CONFIG_POLICY_ALL && c.budget_bits == 0.0 &&
+                      c.max_transform_gflops == 0.0 && c.hits_threshold == 0.0,
+                  "policy defaults %d %g %g %g", (int)c.policy, c.budget_bits,
+                  c.max_transform_gflops, c.hits_threshold);
+    load_ok(&c,
+            L("--policy", "hits", "--budget-bits=6.5", "--max-transform-gflops", "2.5",
+              "--hits-threshold=0.01"),
+            NULL);
+    ck_assert_msg(c.policy == GIFT_CONFIG_POLICY_HITS && c.budget_bits == 6.5 &&
+                      c.max_transform_gflops == 2.5 && c.hits_threshold == 0.01,
+                  "policy flags %d %g %g %g", (int)c.policy, c.budget_bits,
+                  c.max_transform_gflops, c.hits_threshold);
+    load_ok(&c,
+            L("--port", "9000", "--http-port=9001", "--bind", "::", "--data-dir=/srv/g",
+              "--max-connections", "12", "--max-frame-bytes=1G", "--write-queue-bytes", "1M",
+              "--log-level=warn", "--aggregate", "eager", "--shard-id", "1", "--num-shards=3",
+              "--stall-timeout", "60", "--auth-key-file=/k", "--check-config", "--geometry-decay",
+              "0.9"),
+            NULL);
     ck_assert_int_eq(c.port, 9000);
     ck_assert_int_eq(c.http_port, 9001);
     ck_assert_str_eq(c.bind, "::");
@@ -625,6 +644,17 @@ static const struct error_case {
      {"flag --check-config", "takes no value"}},
     {"positional argument", {"serve"}, {0}, NULL, {"unexpected argument 'serve'"}},
     {"lone dash", {"-"}, {0}, NULL, {"unexpected argument '-'"}},
+    {"policy with checkpoints", {"--policy=auto", "--checkpoint-steps", "10"}, {0}, NULL,
+     {"policy auto (flag --policy)", "checkpoint_steps 10 (flag --checkpoint-steps)",
+      "not persisted"}},
+    {"budget with checkpoints (env)", {0}, {"GIFTD_BUDGET_BITS=6", "GIFTD_CHECKPOINT_STEPS=5"},
+     NULL, {"policy all", "budget_bits 6", "checkpoint_steps 5 (env GIFTD_CHECKPOINT_STEPS)"}},
+    {"bad policy", {"--policy", "best"}, {0}, NULL,
+     {"flag --policy:", "policy", "'best'", "one of all, none, auto, hits"}},
+    {"budget out of range (file)", {0}, {0}, "[giftd]\nbudget_bits = 40\n",
+     {"@:2:", "budget_bits", "40 is out of range 0 <= v < 33"}},
+    {"negative transform cap", {"--max-transform-gflops=-1"}, {0}, NULL,
+     {"max_transform_gflops", "-1 is out of range"}},
     {"shard_id not below num_shards", {"--shard-id", "2", "--num-shards", "2"}, {0}, NULL,
      {"shard_id 2 (flag --shard-id)", "num_shards 2 (flag --num-shards)"}},
     {"shard_id against the file", {"--shard-id=3"}, {0}, "[giftd]\nnum_shards = 2\n",

@@ -101,6 +101,12 @@ d = json.load(open(sys.argv[1]))
 (s,) = d["shards"]
 assert d["ok"] and s["shard_id"] == 0 and s["pushes"] >= 1 and s["tensors"] == 3, s
 PY
+# policy: the worker declared no geometry tensor, so no shard owns one.
+"${ctl[@]}" --json policy >"$work/policy.json" || fail "policy --json exited $?"
+"$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["command"] == "policy" and d["ok"] and d["shards"][0]["tensors"] == [], d' "$work/policy.json" ||
+    fail "policy --json: $(cat "$work/policy.json")"
+out=$("${ctl[@]}" policy) || fail "policy exited $?"
+[[ $out == *"0 geometry tensors owned here"* ]] || fail "text policy: $out"
 "${ctl[@]}" ping >/dev/null || fail "ping exited $?"
 "${ctl[@]}" ping --ready >/dev/null || fail "ping --ready exited $?"
 "${ctl[@]}" --json ping | "$py" -c 'import json,sys; d=json.load(sys.stdin); assert d["ok"], d' ||
