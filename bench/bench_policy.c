@@ -344,6 +344,7 @@ typedef struct pol_result {
     double budget;
     int rc;
     double whit2, muon2, appl2, pred2, bits, gflops, geo_bits;
+    double choose_s; /* wall time of gift_policy_choose */
     int ngift, nfp8, nnvfp4;
     gift_policy_choice_t *c;
 } pol_result_t;
@@ -372,7 +373,9 @@ static int run_config(pol_state_t *s, int policy, double budget, pol_result_t *r
                                    .nrows = (uint32_t)t->rows,
                                    .hit_rate = t->hit_rate};
     }
+    r->choose_s = bench_now();
     r->rc = gift_policy_choose(&cfg, in, (size_t)s->n, r->c);
+    r->choose_s = bench_now() - r->choose_s;
     if (r->rc < 0) {
         fprintf(stderr, "gift-bench policy: gift_policy_choose: %s\n", gift_strerror(r->rc));
         free(in);
@@ -489,19 +492,19 @@ int bench_policy_main(int argc, char **argv)
            "fp8-e4m3 (8.25 bits) on the whole update\n\n",
            s.label, s.n, s.t[0].W, s.refresh);
     printf("| policy | budget | whitened | Muon | Muon as applied | predicted whitened | bits/elem "
-           "(geometry) | GFLOP/step | GIFT / fp8 / nvfp4 tensors | flag |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+           "(geometry) | GFLOP/step | GIFT / fp8 / nvfp4 tensors | flag | choose s |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
     for (int i = 0; i < nres; i++) {
         pol_result_t *r = &res[i];
         char bud[32];
 
         snprintf(bud, sizeof(bud), r->budget > 0 ? "%.2f" : "unset", r->budget);
         printf("| %s | %s | %.3fx | %.3fx | %.3fx | %.3fx | %.3f (%.3f) | %.4f | %d / %d / %d | "
-               "%s |\n",
+               "%s | %.3f |\n",
                gift_policy_name(r->policy), bud, sqrt(r->whit2 / e8w), sqrt(r->muon2 / e8m),
                e8a > 0 ? sqrt(r->appl2 / e8a) : NAN, e8p > 0 ? sqrt(r->pred2 / e8p) : NAN, r->bits,
                r->geo_bits, r->gflops, r->ngift, r->nfp8, r->nnvfp4,
-               r->rc == GIFT_POLICY_INFEASIBLE ? "infeasible" : "");
+               r->rc == GIFT_POLICY_INFEASIBLE ? "infeasible" : "", r->choose_s);
     }
     printf("\n| tensor | shape | k_max | hit rate | auto: mode, k, format, pred ratio |\n"
            "|---|---|---:|---:|---|\n");
@@ -562,6 +565,7 @@ int bench_policy_main(int argc, char **argv)
         bench_json_num(&j, "bits", r->bits);
         bench_json_num(&j, "geometry_bits", r->geo_bits);
         bench_json_num(&j, "gflops", r->gflops);
+        bench_json_num(&j, "choose_s", r->choose_s);
         bench_json_int(&j, "n_gift", r->ngift);
         bench_json_int(&j, "n_fp8", r->nfp8);
         bench_json_int(&j, "n_nvfp4", r->nnvfp4);
