@@ -81,10 +81,17 @@ trap stop_all EXIT
 run_one() {
   local comm=$1 seed=$2 dir="$out/runs/$1-s$2" servers="" port i
   mkdir -p "$dir"
+  # The policy arms (train_llama.py's auto-8, auto-B) need shards that run
+  # the geometry owner's policy with that budget: the worker cannot set it.
+  local pol=()
+  case $comm in
+    auto-8) pol=(--policy auto) ;;
+    auto-*) pol=(--policy auto --budget-bits "${comm#auto-}") ;;
+  esac
   for ((i = 0; i < shards; i++)); do
     : >"$dir/giftd-$i.ready"
     "$giftd" --port 0 --http-port -1 --shard-id "$i" --num-shards "$shards" \
-      --world-size "$workers" --geometry-decay "$geometry_decay" --log-level warn \
+      --world-size "$workers" --geometry-decay "$geometry_decay" --log-level warn "${pol[@]}" \
       >"$dir/giftd-$i.ready" 2>"$dir/giftd-$i.log" &
     pids+=("$!")
     for _ in $(seq 1 100); do grep -q '^giftd ready' "$dir/giftd-$i.ready" && break; sleep 0.1; done
@@ -92,7 +99,7 @@ run_one() {
     [ -n "$port" ] || { echo "shard $i did not start; see $dir/giftd-$i.log" >&2; return 1; }
     servers="${servers:+$servers,}127.0.0.1:$port"
   done
-  printf '{"geometry_decay": %s}\n' "$geometry_decay" >"$dir/server.json"
+  printf '{"geometry_decay": %s, "giftd_policy_args": "%s"}\n' "$geometry_decay" "${pol[*]}" >"$dir/server.json"
   local mport=$((20000 + RANDOM % 20000)) wp=() r rc=0 dump=()
   if [ "$comm" = f32 ] && [ "$seed" = "$first_seed" ] && { [ "$fidelity" = 1 ] || [ "$dump_given" = 1 ]; }; then
     dump=(--dump "$out/dump" --dump-steps "$dump_steps")

@@ -20,9 +20,9 @@ f32 | bf16 | fp8 | fp8-gift | nvfp4 | nvfp4-gift ("-gift": the GIFT geometry on
 every nn.Linear weight with at least 64 inputs and --gift-min elements; all
 other tensors Euclidean, in the same format).
 
---comm auto-8 and auto-4.5 declare the tensors as fp8-gift and need shards
-running the geometry owner's policy (giftd(8), POLICY): auto-8 `--policy
-auto`, auto-4.5 `--policy auto --budget-bits 4.5`, which then chooses per
+--comm auto-8, auto-6, auto-5 and auto-4.5 declare the tensors as fp8-gift and
+need shards running the geometry owner's policy (giftd(8), POLICY): auto-8
+`--policy auto`, auto-B `--policy auto --budget-bits B`, which then chooses per
 tensor and epoch GIFT or Euclidean, the rank and the format. The worker cannot
 set the shards' policy; start them with it, e.g.
 
@@ -86,7 +86,8 @@ import gift.torch  # noqa: E402
 DDP_COMMS = ("ddp-allreduce", "ddp-fp16", "ddp-powersgd", "none")
 # --comm arms of the geometry owner's policy (giftd(8), POLICY): the tensors are
 # declared as fp8-gift, and the shards must run this policy and budget.
-POLICY_COMMS = {"auto-8": ("fp8-gift", "auto", 0.0), "auto-4.5": ("fp8-gift", "auto", 4.5)}
+POLICY_COMMS = {"auto-8": ("fp8-gift", "auto", 0.0), "auto-6": ("fp8-gift", "auto", 6.0),
+                "auto-5": ("fp8-gift", "auto", 5.0), "auto-4.5": ("fp8-gift", "auto", 4.5)}
 
 
 # --------------------------------------------------------------------- model

@@ -241,11 +241,24 @@ static int choose_round(gift_shard_t *s, uint64_t round, size_t *np)
     memset(out, 0, n * sizeof *out);
     if ((rc = gift_policy_choose(&cfg, in, n, out)) < 0)
         return rc;
-    if (rc == GIFT_POLICY_INFEASIBLE)
+    if (rc == GIFT_POLICY_INFEASIBLE) {
+        /* out holds the cheapest treatment of each tensor: say what it costs,
+         * so the operator sees how far the limit is from what can be met. */
+        double el = 0.0, bits = 0.0, gfl = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            double e = (double)in[i].rows * in[i].cols;
+            el += e;
+            bits += out[i].bits * e;
+            gfl += out[i].gflops;
+        }
         GIFT_LOG_WARN(0,
-                      "policy: budget_bits %g or max_transform_gflops %g cannot be met; every "
-                      "tensor gets its cheapest treatment",
-                      cfg.budget_bits, cfg.max_gflops);
+                      "policy: the limits cannot be met on the %zu geometry tensors this shard "
+                      "owns: budget_bits %g (0: unset) against %.4f bits per element for the "
+                      "cheapest treatment (sketches and geometry counted in, at their refresh), "
+                      "max_transform_gflops %g (0: unset) against %.3f; every tensor gets its "
+                      "cheapest treatment",
+                      n, cfg.budget_bits, el > 0.0 ? bits / el : 0.0, cfg.max_gflops, gfl);
+    }
     s->pol_round = round;
     s->pol_round_ok = 1;
     return rc;
