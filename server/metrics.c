@@ -187,6 +187,32 @@ static int render_errors(const gift_shard_counters_t *c, const gift_proc_info_t 
     return 0;
 }
 
+/* Which number of the geometry owner's decision owner_gauge prints. */
+enum { OWNER_RANK, OWNER_PRED_RATIO, OWNER_BITS };
+
+/* One gauge per tensor whose geometry this shard owns: a number of the
+ * newest epoch's decision. */
+static int owner_gauge(const gift_shard_t *s, gift_str_t *out, const char *metric,
+                       const char *help, int which)
+{
+    int rc;
+
+    P("# HELP %s %s\n# TYPE %s gauge\n", metric, help, metric);
+    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
+        gift_tensor_status_t ts;
+        char name[256];
+        double v;
+        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
+            continue;
+        label_escape(ts.name, name, sizeof name);
+        v = which == OWNER_RANK         ? (double)ts.rank
+            : which == OWNER_PRED_RATIO ? ts.pred_ratio
+                                        : ts.bits;
+        P("%s{key=\"%u\",tensor=\"%s\"} %g\n", metric, ts.key, name, v);
+    }
+    return 0;
+}
+
 /* Per tensor: boundary-hit ratio, missing ranks and the oldest unfinished step, and the ranks a
  * partly pushed step waits for. */
 static int render_tensors(const gift_shard_t *s, gift_str_t *out)
@@ -205,7 +231,7 @@ static int render_tensors(const gift_shard_t *s, gift_str_t *out)
         P("giftd_boundary_hit_ratio{key=\"%u\",tensor=\"%s\",codec=\"%s\"} %g\n", ts.key, name,
           ts.pull_codec, ts.hit_rate);
     }
-    /* The geometry owner's decision for the newest epoch (issue 24). */
+    /* The geometry owner's decision for the newest epoch. */
     P("# HELP giftd_tensor_policy 1, labelled with the treatment the geometry owner chose for "
       "the newest epoch of a tensor (mode gift or euclidean, its push and pull codecs).\n"
       "# TYPE giftd_tensor_policy gauge\n");
@@ -219,40 +245,17 @@ static int render_tensors(const gift_shard_t *s, gift_str_t *out)
           "pull_codec=\"%s\"} 1\n",
           ts.key, name, ts.mode, ts.epoch_push_codec, ts.epoch_pull_codec);
     }
-    P("# HELP giftd_tensor_transform_rank Transform rank k of the newest epoch of a tensor.\n"
-      "# TYPE giftd_tensor_transform_rank gauge\n");
-    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
-        gift_tensor_status_t ts;
-        char name[256];
-        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
-            continue;
-        label_escape(ts.name, name, sizeof name);
-        P("giftd_tensor_transform_rank{key=\"%u\",tensor=\"%s\"} %u\n", ts.key, name, ts.rank);
-    }
-    P("# HELP giftd_tensor_predicted_error_ratio The chooser's predicted error of the newest "
-      "epoch's treatment over Euclidean at the declared format (1: unknown, 0: not run).\n"
-      "# TYPE giftd_tensor_predicted_error_ratio gauge\n");
-    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
-        gift_tensor_status_t ts;
-        char name[256];
-        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
-            continue;
-        label_escape(ts.name, name, sizeof name);
-        P("giftd_tensor_predicted_error_ratio{key=\"%u\",tensor=\"%s\"} %g\n", ts.key, name,
-          ts.pred_ratio);
-    }
-    P("# HELP giftd_tensor_element_cost Wire bits per element of the newest epoch's "
-      "treatment, geometry amortised (0: the chooser did not run).\n"
-      "# TYPE giftd_tensor_element_cost gauge\n");
-    for (size_t i = 0; i < gift_shard_tensor_count(s); i++) {
-        gift_tensor_status_t ts;
-        char name[256];
-        if (gift_shard_tensor_status(s, i, &ts, NULL, 0) < 0 || !ts.owner)
-            continue;
-        label_escape(ts.name, name, sizeof name);
-        P("giftd_tensor_element_cost{key=\"%u\",tensor=\"%s\"} %g\n", ts.key, name,
-          ts.bits);
-    }
+    if ((rc = owner_gauge(s, out, "giftd_tensor_transform_rank",
+                          "Transform rank k of the newest epoch of a tensor.", OWNER_RANK)) < 0 ||
+        (rc = owner_gauge(s, out, "giftd_tensor_predicted_error_ratio",
+                          "The chooser's predicted error of the newest epoch's treatment over "
+                          "Euclidean at the declared format (1: unknown, 0: not run).",
+                          OWNER_PRED_RATIO)) < 0 ||
+        (rc = owner_gauge(s, out, "giftd_tensor_element_cost",
+                          "Wire bits per element of the newest epoch's treatment, geometry "
+                          "amortised (0: the chooser did not run).",
+                          OWNER_BITS)) < 0)
+        return rc;
     P("# HELP giftd_tensor_missing_ranks Ranks that have not pushed the oldest unfinished step "
       "of a tensor.\n"
       "# TYPE giftd_tensor_missing_ranks gauge\n");
