@@ -132,19 +132,23 @@ static int parse_manifest(pol_state_t *s)
         fprintf(stderr, "gift-bench policy: %s: %s\n", s->manifest, strerror(errno));
         return -1;
     }
-    s->t = calloc(POL_MAX_T, sizeof(pol_tensor_t));
+    if ((s->t = calloc(POL_MAX_T, sizeof(pol_tensor_t))) == NULL) {
+        fclose(f);
+        fprintf(stderr, "gift-bench policy: out of memory\n");
+        return -1;
+    }
     while (fgets(line, sizeof(line), f) != NULL) {
-        char key[16], val[4000];
+        char key[16], val[4000], tname[sizeof(s->t[0].name)];
         int rows, cols;
 
         line[strcspn(line, "\n")] = 0;
         if (line[0] == 0 || line[0] == '#')
             continue;
-        if (sscanf(line, "tensor %127s %d %d", val, &rows, &cols) == 3) {
+        if (sscanf(line, "tensor %127s %d %d", tname, &rows, &cols) == 3) {
             if (s->n >= POL_MAX_T)
                 goto bad;
             cur = &s->t[s->n++];
-            snprintf(cur->name, sizeof(cur->name), "%s", val);
+            memcpy(cur->name, tname, sizeof(cur->name));
             cur->rows = rows;
             cur->din = cols;
             continue;
