@@ -906,8 +906,6 @@ START_TEST(test_persist_format_v1)
     DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
     pol_repull(0, k, l, f);
     /* The same file under an active policy: declared treatment. */
-    gift_shard_free(S);
-    S = NULL;
     g_policy = GIFT_POLICY_AUTO;
     g_budget = 4.5;
     persist_open_ok(100, 1);
