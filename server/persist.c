@@ -825,9 +825,9 @@ static int replay_step(replay_ctx_t *x, gift_ckpt_cur_t *c, int v2)
         goto misfit;
     if (v2) {
         gift_ckpt_cur_t o = {body + head + n + extra, rest - n - extra, 0, 0};
-        uint32_t hk = gift_ckpt_get_u32(&o);
-        double hr = gift_ckpt_get_f64(&o);
-        uint32_t gok = gift_ckpt_get_u32(&o);
+        uint32_t gok;
+        gift_ckpt_get(&o, NULL, 12); /* the hit rate: get_observed's, below */
+        gok = gift_ckpt_get_u32(&o);
         uint64_t gstep = gift_ckpt_get_u64(&o);
         size_t gn = (size_t)ch->n * sizeof(float);
         new_gbar = gift_ckpt_get_u32(&o);
@@ -840,8 +840,6 @@ static int replay_step(replay_ctx_t *x, gift_ckpt_cur_t *c, int v2)
             /* Applied with the step: the same bytes again, through
              * get_observed's checks, then the floats. */
             gift_ckpt_cur_t oc = {o.p, o.len, 0, 0};
-            (void)hk;
-            (void)hr;
             if (get_observed(&oc, t, 0, x->err, x->errlen) < 0)
                 return GIFT_EIO;
             if (new_gbar && t->gbar != NULL)
