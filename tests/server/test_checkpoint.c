@@ -867,6 +867,34 @@ START_TEST(test_persist_policy_corrupt)
     hello_all();
     DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
     pol_repull(0, k, l, f);
+    /* A step record (type 5) of the log whose reply claims an unknown
+     * format, its CRC good: refused. */
+    pol_step(1, NVFP4, k, l, f);
+    {
+        char lg[128];
+        size_t llen, off = 0;
+        uint8_t *glog;
+        int found = 0;
+        snprintf(lg, sizeof lg, "%s/log-1", g_dir);
+        glog = file_read(lg, &llen);
+        while (off + 20 <= llen && !found) {
+            uint64_t rl = le64(glog + off + 8);
+            ck_assert_msg(off + 20 + rl <= llen, "log record at %zu of %zu overruns", off, llen);
+            if (le32(glog + off + 4) == GIFT_LOG_STEP2) {
+                uint8_t *b = glog + off + 16;
+                ck_assert_msg(le32(b + 28) == (uint32_t)GIFT_FMT_NVFP4,
+                              "the step record's reply format is %u, not nvfp4", le32(b + 28));
+                ckpt_put_u32(b + 28, 99);
+                ckpt_put_u32(b + rl, gift_crc32c(gift_crc32c(0, glog + off + 4, 12), b, rl));
+                found = 1;
+            }
+            off += 20 + rl;
+        }
+        ck_assert_msg(found, "no step record (type %d) in %s", GIFT_LOG_STEP2, lg);
+        file_write(lg, glog, llen);
+        refused_at("has format 99", 0, 1, __LINE__);
+        free(glog);
+    }
     free(bad);
     free(body);
     free(g0.b);
