@@ -252,11 +252,12 @@ int gift_ckpt_mkdir(const char *dir, char *err, size_t errlen)
     return 0;
 }
 
-int gift_ckpt_write(const char *dir, const void *body, size_t len, char *err, size_t errlen)
+int gift_ckpt_write(const char *dir, uint32_t version, const void *body, size_t len, char *err,
+                    size_t errlen)
 {
     char tmp[4200], dst[4200];
     uint8_t head[16], tail[16];
-    uint32_t crc, v = GIFT_CKPT_VERSION;
+    uint32_t crc, v = version;
     uint64_t n = len;
     int fd;
 
@@ -330,7 +331,8 @@ static int read_file(const char *path, uint8_t **buf, size_t *len, char *err, si
     return 1;
 }
 
-int gift_ckpt_read(const char *dir, uint8_t **body, size_t *len, char *err, size_t errlen)
+int gift_ckpt_read(const char *dir, uint8_t **body, size_t *len, uint32_t *version, char *err,
+                   size_t errlen)
 {
     char path[4200];
     uint8_t *b;
@@ -341,6 +343,7 @@ int gift_ckpt_read(const char *dir, uint8_t **body, size_t *len, char *err, size
 
     *body = NULL;
     *len = 0;
+    *version = 0;
     snprintf(path, sizeof path, "%s/checkpoint", dir);
     if ((rc = read_file(path, &b, &n, err, errlen)) <= 0)
         return rc;
@@ -351,9 +354,9 @@ int gift_ckpt_read(const char *dir, uint8_t **body, size_t *len, char *err, size
     }
     for (int i = 0; i < 4; i++)
         v |= (uint32_t)b[8 + i] << (8 * i);
-    if (v != GIFT_CKPT_VERSION) {
-        snprintf(err, errlen, "%s has format version %u; this giftd reads %d", path, v,
-                 GIFT_CKPT_VERSION);
+    if (v < GIFT_CKPT_VERSION_MIN || v > GIFT_CKPT_VERSION) {
+        snprintf(err, errlen, "%s has format version %u; this giftd reads %d to %d", path, v,
+                 GIFT_CKPT_VERSION_MIN, GIFT_CKPT_VERSION);
         goto bad;
     }
     for (int i = 0; i < 8; i++)
@@ -373,6 +376,7 @@ int gift_ckpt_read(const char *dir, uint8_t **body, size_t *len, char *err, size
     memmove(b, b + 16, (size_t)blen);
     *body = b;
     *len = (size_t)blen;
+    *version = v;
     return 1;
 bad:
     free(b);

@@ -34,7 +34,10 @@
 extern "C" {
 #endif
 
-#define GIFT_CKPT_VERSION 1
+/* The format version written. 2 (issue 24) adds the policy's decisions and
+ * the state its chooser reads; version 1 still loads (declared treatments). */
+#define GIFT_CKPT_VERSION 2
+#define GIFT_CKPT_VERSION_MIN 1
 
 /* CRC-32C (Castagnoli) of len bytes, continuing from crc (0 to start). */
 uint32_t gift_crc32c(uint32_t crc, const void *p, size_t len);
@@ -72,15 +75,18 @@ void gift_ckpt_get(gift_ckpt_cur_t *c, void *out, size_t len);
  * (NULL and err set when it does not fit, or when it is longer than max). */
 const uint8_t *gift_ckpt_get_blob(gift_ckpt_cur_t *c, size_t *len, size_t max);
 
-/* Writes body as DIR/checkpoint atomically (tmp, fsync, rename, fsync dir).
- * Returns 0 or GIFT_EIO with a sentence in err. */
-int gift_ckpt_write(const char *dir, const void *body, size_t len, char *err, size_t errlen);
-
-/* Reads and verifies DIR/checkpoint. Returns 1 and *body and *len (malloc'd, the
- * caller frees) when it exists and is intact, 0 when there is none, or
- * GIFT_EIO (unreadable, truncated, bad magic, version or checksum) with a
+/* Writes body as DIR/checkpoint atomically (tmp, fsync, rename, fsync dir),
+ * with format version `version` in its head. Returns 0 or GIFT_EIO with a
  * sentence in err. */
-int gift_ckpt_read(const char *dir, uint8_t **body, size_t *len, char *err, size_t errlen);
+int gift_ckpt_write(const char *dir, uint32_t version, const void *body, size_t len, char *err,
+                    size_t errlen);
+
+/* Reads and verifies DIR/checkpoint. Returns 1 and *body, *len (malloc'd, the
+ * caller frees) and *version (GIFT_CKPT_VERSION_MIN..GIFT_CKPT_VERSION) when it
+ * exists and is intact, 0 when there is none, or GIFT_EIO (unreadable,
+ * truncated, bad magic, unknown version or checksum) with a sentence in err. */
+int gift_ckpt_read(const char *dir, uint8_t **body, size_t *len, uint32_t *version, char *err,
+                   size_t errlen);
 
 /* Creates dir (one level) when missing. Returns 0 or GIFT_EIO. */
 int gift_ckpt_mkdir(const char *dir, char *err, size_t errlen);
@@ -98,7 +104,12 @@ enum {
     GIFT_LOG_DECLARE = 1,
     GIFT_LOG_STEP = 2,
     GIFT_LOG_SKETCH = 3,
-    GIFT_LOG_EPOCH = 4
+    GIFT_LOG_EPOCH = 4,
+    /* Issue 24: a step with its reply's codec and the policy's observed
+     * state, an epoch with its decision and the round's choices. Types 2
+     * and 4 are still read (declared treatments). */
+    GIFT_LOG_STEP2 = 5,
+    GIFT_LOG_EPOCH2 = 6
 };
 
 /* Opens DIR/log-GEN for appending, creating it (and truncating it when

@@ -200,8 +200,8 @@ static const gift_config_option_t options[] = {
              "budget_bits, the format, minimising the predicted whole-update error from\n"
              "the new geometry and the last averaged gradient. hits: GIFT where the\n"
              "fp8 boundary-hit rate is at least hits_threshold (the GIFT paper's rule).\n"
-             "Run jointly over the tensors a shard owns. Not with checkpoint_steps\n"
-             "(decisions are not persisted yet)."},
+             "Run jointly over the tensors a shard owns; the decisions are kept in\n"
+             "checkpoints and the step log."},
     {.name = "budget_bits", .type = GIFT_CONFIG_REAL, .where = GIFT_CONFIG_IN_ALL,
      FIELD(budget_bits), .min = 0, .max = 33, .defval = "0", .metavar = "BITS",
      .help = "Average wire bits per element over the tensors a shard owns (geometry\n"
@@ -1065,19 +1065,6 @@ static int check_whole(const gift_config_t *c, char *err, size_t errlen)
                     "http_port %d (%s) is the same as port (%s); use another port, 0 to pick "
                     "one, or off",
                     c->http_port, a, b);
-    }
-    if ((c->policy != GIFT_CONFIG_POLICY_ALL || c->budget_bits > 0.0 ||
-         c->max_transform_gflops > 0.0) &&
-        c->checkpoint_steps > 0) {
-        describe_origin(c, (size_t)gift_config_option_index("policy"), a, sizeof a);
-        describe_origin(c, (size_t)gift_config_option_index("checkpoint_steps"), b, sizeof b);
-        return fail(err, errlen,
-                    "policy %s (%s) with budget_bits %g and max_transform_gflops %g cannot be "
-                    "used with checkpoint_steps %d (%s): the owner's decisions are not persisted "
-                    "yet; use policy all without budget_bits and max_transform_gflops, or "
-                    "checkpoint_steps 0",
-                    policy_names[c->policy], a, c->budget_bits, c->max_transform_gflops,
-                    c->checkpoint_steps, b);
     }
     if (c->chunk_bytes > c->max_frame_bytes) {
         describe_origin(c, (size_t)chunk, a, sizeof a);

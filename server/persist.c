@@ -10,14 +10,202 @@
  * attaches once the step log is open.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "checkpoint.h"
+#include "gift_error.h"
+#include "gift_policy.h"
 #include "log.h"
 #include "owner.h"
+#include "policy_owner.h"
 #include "shard_internal.h"
+
+/* ------------------------------------------------------------------ */
+/* The policy's state on disk (issue 24)                                */
+/* ------------------------------------------------------------------ */
+
+/* A codec as its format and block (the rest of gift_codec_params_t is 0
+ * for every codec a tensor, a decision or a push holds). */
+static void put_codec(gift_ckpt_buf_t *b, const gift_codec_params_t *p)
+{
+    gift_ckpt_put_u32(b, (uint32_t)p->fmt);
+    gift_ckpt_put_u32(b, p->block);
+}
+
+static void get_codec(gift_ckpt_cur_t *c, gift_codec_params_t *p)
+{
+    memset(p, 0, sizeof *p);
+    p->fmt = (gift_format_t)gift_ckpt_get_u32(c);
+    p->block = gift_ckpt_get_u32(c);
+}
+
+/* An epoch record's decision: set, euclid, k, push, pull, ratio, bits. */
+static void put_treat(gift_ckpt_buf_t *b, const gift_treat_t *tr)
+{
+    gift_ckpt_put_u32(b, (uint32_t)tr->set);
+    gift_ckpt_put_u32(b, (uint32_t)tr->euclid);
+    gift_ckpt_put_u32(b, tr->k);
+    put_codec(b, &tr->push);
+    put_codec(b, &tr->pull);
+    gift_ckpt_put_f64(b, tr->pred_ratio);
+    gift_ckpt_put_f64(b, tr->bits);
+}
+
+/* Reads and checks (gift__pol_treat_load) a decision of t. 0, or GIFT_EIO
+ * (with c->err set when the body is short, else with why). */
+static int get_treat(gift_ckpt_cur_t *c, const tensor_t *t, gift_treat_t *tr, char *why,
+                     size_t whylen)
+{
+    uint32_t set, euclid;
+    memset(tr, 0, sizeof *tr);
+    set = gift_ckpt_get_u32(c);
+    euclid = gift_ckpt_get_u32(c);
+    tr->k = gift_ckpt_get_u32(c);
+    get_codec(c, &tr->push);
+    get_codec(c, &tr->pull);
+    tr->pred_ratio = gift_ckpt_get_f64(c);
+    tr->bits = gift_ckpt_get_f64(c);
+    if (c->err)
+        return GIFT_EIO;
+    if (set > 1 || euclid > 1) {
+        snprintf(why, whylen, "tensor %u: a saved decision has set %u, euclidean %u (not 0 or 1)",
+                 t->key, set, euclid);
+        return GIFT_EIO;
+    }
+    tr->set = (int)set;
+    tr->euclid = (int)euclid;
+    return gift__pol_treat_load(t, tr, why, whylen);
+}
+
+/* The chooser's choices of its last round (s->pol_out), which a tensor
+ * built later in the same round takes: ok, round, n, then each choice. */
+static void put_round(gift_ckpt_buf_t *b, const gift_shard_t *s)
+{
+    const gift_policy_choice_t *out = s->pol_out;
+    size_t n = out != NULL ? gift__pol_count(s) : 0;
+    gift_ckpt_put_u32(b, (uint32_t)(s->pol_round_ok && n > 0));
+    gift_ckpt_put_u64(b, s->pol_round);
+    gift_ckpt_put_u32(b, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        gift_ckpt_put_u32(b, (uint32_t)out[i].gift);
+        gift_ckpt_put_u32(b, out[i].k);
+        gift_ckpt_put_u32(b, (uint32_t)out[i].format);
+        gift_ckpt_put_f64(b, out[i].pred_err2);
+        gift_ckpt_put_f64(b, out[i].pred_ratio);
+        gift_ckpt_put_f64(b, out[i].bits);
+        gift_ckpt_put_f64(b, out[i].gflops);
+    }
+}
+
+/* Reads put_round's record, checked: as many choices as this shard's
+ * chooser makes, each a known format and a rank no larger than its
+ * tensor's; into s->pol_out when apply. 0 or GIFT_EIO (c->err set when
+ * short, else with why). */
+static int get_round(gift_ckpt_cur_t *c, gift_shard_t *s, int apply, char *why, size_t whylen)
+{
+    gift_policy_choice_t *out = s->pol_out;
+    uint32_t ok = gift_ckpt_get_u32(c);
+    uint64_t round = gift_ckpt_get_u64(c);
+    uint32_t n = gift_ckpt_get_u32(c);
+    size_t want = out != NULL ? gift__pol_count(s) : 0, j = 0;
+    if (c->err)
+        return GIFT_EIO;
+    if (want == 0) {
+        /* Saved under a policy this shard no longer runs: skipped. */
+        gift_ckpt_get(c, NULL, (size_t)n * 44);
+        if (apply)
+            s->pol_round_ok = 0;
+        return c->err ? GIFT_EIO : 0;
+    }
+    if (ok > 1 || (n != 0 && n != want) || (ok && n == 0)) {
+        snprintf(why, whylen,
+                 "the saved policy round has %u choices (ok %u); this shard's chooser makes %zu",
+                 n, ok, want);
+        return GIFT_EIO;
+    }
+    for (size_t i = 0; i < s->ntensors && j < n; i++) {
+        const tensor_t *t = &s->tensors[i];
+        gift_policy_choice_t ch;
+        if (!t->owner || !t->geometry || t->gbar == NULL)
+            continue;
+        ch.gift = (int)gift_ckpt_get_u32(c);
+        ch.k = gift_ckpt_get_u32(c);
+        ch.format = (int)gift_ckpt_get_u32(c);
+        ch.pred_err2 = gift_ckpt_get_f64(c);
+        ch.pred_ratio = gift_ckpt_get_f64(c);
+        ch.bits = gift_ckpt_get_f64(c);
+        ch.gflops = gift_ckpt_get_f64(c);
+        if (c->err)
+            return GIFT_EIO;
+        if ((ch.gift != 0 && ch.gift != 1) || ch.k > t->k || ch.format < -1 ||
+            ch.format >= GIFT_FMT_COUNT_ || !isfinite(ch.pred_err2) || !isfinite(ch.pred_ratio) ||
+            !isfinite(ch.bits) || !isfinite(ch.gflops)) {
+            snprintf(why, whylen,
+                     "tensor %u: the saved policy choice (gift %d, k %u of %u, format %d, ratio "
+                     "%g, bits %g) is invalid",
+                     t->key, ch.gift, ch.k, t->k, ch.format, ch.pred_ratio, ch.bits);
+            return GIFT_EIO;
+        }
+        if (apply)
+            out[j] = ch;
+        j++;
+    }
+    if (apply) {
+        s->pol_round_ok = (int)ok;
+        s->pol_round = round;
+    }
+    return 0;
+}
+
+/* What the chooser reads of t besides its geometry: the boundary-hit rate
+ * (hit_known, hit_rate), and gbar (gbar_ok, gbar_step, then its floats
+ * when `with_gbar`). */
+static void put_observed(gift_ckpt_buf_t *b, const tensor_t *t, int with_gbar)
+{
+    gift_ckpt_put_u32(b, (uint32_t)t->hit_known);
+    gift_ckpt_put_f64(b, t->hit_rate);
+    gift_ckpt_put_u32(b, (uint32_t)t->gbar_ok);
+    gift_ckpt_put_u64(b, t->gbar_step);
+    if (with_gbar)
+        gift_ckpt_put_blob(b, t->gbar, t->gbar != NULL ? (size_t)t->by_id[0]->n * 4 : 0);
+}
+
+/* Reads put_observed's fields into t (the gbar blob when with_gbar; a blob
+ * of 0 bytes or without a gbar buffer keeps none). 0 or GIFT_EIO with why. */
+static int get_observed(gift_ckpt_cur_t *c, tensor_t *t, int with_gbar, char *why, size_t whylen)
+{
+    uint32_t hk = gift_ckpt_get_u32(c);
+    double hr = gift_ckpt_get_f64(c);
+    uint32_t gok = gift_ckpt_get_u32(c);
+    uint64_t gstep = gift_ckpt_get_u64(c);
+    size_t gn = t->gbar != NULL ? (size_t)t->by_id[0]->n * 4 : 0, len = 0;
+    const uint8_t *g = with_gbar ? gift_ckpt_get_blob(c, &len, gn) : NULL;
+    if (c->err)
+        return GIFT_EIO;
+    if (hk > 1 || gok > 1 || !(hr >= 0.0 && hr <= 1.0) || (with_gbar && len != 0 && len != gn)) {
+        snprintf(why, whylen,
+                 "tensor %u: the saved policy inputs are invalid (hit rate %g, known %u; mean "
+                 "kept %u, %zu bytes of %zu)",
+                 t->key, hr, hk, gok, len, gn);
+        return GIFT_EIO;
+    }
+    t->hit_known = (int)hk;
+    t->hit_rate = hr;
+    if (t->gbar == NULL)
+        return 0; /* saved under a policy this shard no longer runs */
+    if (with_gbar) {
+        if (len == gn && gn > 0)
+            memcpy(t->gbar, g, len);
+        else
+            gok = 0; /* saved without a policy */
+    }
+    t->gbar_ok = (int)gok;
+    t->gbar_step = gstep;
+    return 0;
+}
 
 /* Appends one record to the open step log, counting it (a no-op while
  * replaying or without persistence). Returns 0 or GIFT_EIO. */
@@ -40,28 +228,32 @@ static int log_append(gift_shard_t *s, uint32_t type, const void *const *parts, 
 /* Appends a finished chunk step to the step log (a no-op while replaying). */
 static int log_step(gift_shard_t *s, const chunk_t *ch, const reply_t *r)
 {
-    uint8_t h[28], pe[4];
-    const void *parts[4];
-    size_t lens[4];
-    int nparts = 2;
-    gift_ckpt_buf_t b = {0};
+    uint8_t h[36], pe[4], ob[32];
+    const void *parts[6];
+    size_t lens[6];
+    int nparts = 2, new_gbar;
+    gift_ckpt_buf_t b = {0}, o = {ob, 0, sizeof ob, 0};
+    const tensor_t *t = ch->t;
     int rc;
     if (s->replaying)
         return 0;
-    /* key, chunk, step, epoch, err, reply length, the reply bytes; with pull
-     * error feedback then the residual's epoch and the residual. */
+    /* key, chunk, step, epoch, err, reply length, the reply's codec, the
+     * reply bytes; with pull error feedback then the residual's epoch and
+     * the residual; then what the policy observed (put_observed without
+     * gbar, whether gbar follows, and gbar when this step filled it). */
     b.p = h;
     b.cap = sizeof h;
-    gift_ckpt_put_u32(&b, ch->t->key);
+    gift_ckpt_put_u32(&b, t->key);
     gift_ckpt_put_u32(&b, ch->id);
     gift_ckpt_put_u64(&b, r->step);
     gift_ckpt_put_u32(&b, r->epoch);
     gift_ckpt_put_u32(&b, (uint32_t)r->err);
-    gift_ckpt_put_u32(&b, r->err ? 0u : (uint32_t)ch->pull_l.total);
+    gift_ckpt_put_u32(&b, r->err ? 0u : (uint32_t)r->len);
+    put_codec(&b, &r->pull);
     parts[0] = h;
     lens[0] = b.len;
     parts[1] = r->buf->data;
-    lens[1] = r->err ? 0 : ch->pull_l.total;
+    lens[1] = r->err ? 0 : r->len;
     if (ch->pres != NULL) {
         /* Pull error feedback: the residual after this step, so a replay
          * of the log resumes it (its epoch, then n floats). */
@@ -73,7 +265,16 @@ static int log_step(gift_shard_t *s, const chunk_t *ch, const reply_t *r)
         lens[3] = ch->n * sizeof(float);
         nparts = 4;
     }
-    if ((rc = log_append(s, GIFT_LOG_STEP, parts, lens, nparts, !s->o.group_commit)) < 0)
+    new_gbar = t->gbar != NULL && ch->id == 0 && t->gbar_ok && t->gbar_step == r->step;
+    put_observed(&o, t, 0);
+    gift_ckpt_put_u32(&o, (uint32_t)new_gbar);
+    parts[nparts] = ob;
+    lens[nparts++] = o.len;
+    if (new_gbar) {
+        parts[nparts] = t->gbar;
+        lens[nparts++] = ch->n * sizeof(float);
+    }
+    if ((rc = log_append(s, GIFT_LOG_STEP2, parts, lens, nparts, !s->o.group_commit)) < 0)
         GIFT_LOG_ERROR(0,
                        "tensor %u chunk %u step %" PRIu64 " is not durable: its pulls fail "
                        "with %s",
@@ -83,12 +284,13 @@ static int log_step(gift_shard_t *s, const chunk_t *ch, const reply_t *r)
 
 static void log_epoch(gift_shard_t *s, const tensor_t *t)
 {
-    uint8_t h[64];
-    gift_ckpt_buf_t b = {h, 0, sizeof h, 0};
+    gift_ckpt_buf_t b = {0};
     const void *parts[3];
     size_t lens[3];
     if (!s->persist || s->replaying)
         return;
+    /* As GIFT_LOG_EPOCH, then the epoch's decision and the round's choices
+     * (put_treat, put_round), then U and lambda. */
     gift_ckpt_put_u32(&b, t->key);
     gift_ckpt_put_u64(&b, t->sk_done_step);
     gift_ckpt_put_u32(&b, t->geo.epoch);
@@ -97,15 +299,18 @@ static void log_epoch(gift_shard_t *s, const tensor_t *t)
     gift_ckpt_put_f64(&b, t->geo.trace);
     gift_ckpt_put_f64(&b, t->geo.sigma2);
     gift_ckpt_put_f64(&b, t->geo.delta);
-    parts[0] = h;
+    put_treat(&b, &t->epochs[t->nepochs - 1].tr);
+    put_round(&b, s);
+    parts[0] = b.p;
     lens[0] = b.len;
     parts[1] = t->geo.U;
     lens[1] = (size_t)t->cols * t->ks * sizeof(float);
     parts[2] = t->geo.lambda;
     lens[2] = (size_t)t->ks * sizeof(float);
     /* If this fails, a restart rebuilds the epoch from the logged sketches. */
-    if (log_append(s, GIFT_LOG_EPOCH, parts, lens, 3, 1) < 0)
+    if (b.err || log_append(s, GIFT_LOG_EPOCH2, parts, lens, 3, 1) < 0)
         GIFT_LOG_ERROR(0, "tensor %u: epoch %u not written to the step log", t->key, t->geo.epoch);
+    gift_ckpt_buf_free(&b);
 }
 
 /* The oldest unfinished step over the chunks that have started (0 if none). */
@@ -206,8 +411,11 @@ static const gift_shard_journal_t persist_journal = {
 /* Snapshot                                                             */
 /* ------------------------------------------------------------------ */
 
-/* The checkpoint body: see gift_shard_restore's parser for the same order. */
-static int snapshot_build(gift_shard_t *s, uint64_t gen, gift_ckpt_buf_t *b)
+/* The checkpoint body of format version v: see snapshot_load for the same
+ * order. Version 2 adds each reply's codec (its blob then holds the reply's
+ * own length), each epoch record's decision, each owned tensor's policy
+ * inputs (put_observed) and the chooser's round (put_round). */
+static int snapshot_build(gift_shard_t *s, uint64_t gen, uint32_t v, gift_ckpt_buf_t *b)
 {
     gift_ckpt_put_u32(b, s->o.shard_id);
     gift_ckpt_put_u32(b, s->o.num_shards);
@@ -229,7 +437,9 @@ static int snapshot_build(gift_shard_t *s, uint64_t gen, gift_ckpt_buf_t *b)
             gift_ckpt_put_u32(b, (uint32_t)r->err);
             gift_ckpt_put_u64(b, r->step);
             gift_ckpt_put_u32(b, r->epoch);
-            gift_ckpt_put_blob(b, r->buf->data, has ? ch->pull_l.total : 0);
+            if (v >= 2)
+                put_codec(b, &r->pull);
+            gift_ckpt_put_blob(b, r->buf->data, has ? (v >= 2 ? r->len : ch->pull_l.total) : 0);
         }
         if (ch->pres != NULL) { /* pull error feedback (the declaration says so) */
             gift_ckpt_put_u32(b, ch->pres_epoch);
@@ -246,6 +456,8 @@ static int snapshot_build(gift_shard_t *s, uint64_t gen, gift_ckpt_buf_t *b)
         for (uint32_t e = 0; e < t->nepochs; e++) {
             gift_ckpt_put_u32(b, t->epochs[e].epoch);
             gift_ckpt_put_u64(b, t->epochs[e].valid_from);
+            if (v >= 2)
+                put_treat(b, &t->epochs[e].tr);
         }
         gift_ckpt_put_u32(b, t->geo.epoch);
         gift_ckpt_put_u32(b, (uint32_t)t->geo.identity);
@@ -264,12 +476,21 @@ static int snapshot_build(gift_shard_t *s, uint64_t gen, gift_ckpt_buf_t *b)
         gift_ckpt_put_f64(b, t->trace_sum);
         gift_ckpt_put_blob(b, t->yr, t->yr ? ny * 4 * s->world : 0);
         gift_ckpt_put_blob(b, t->tr, t->tr ? 8 * (size_t)s->world : 0);
+        if (v >= 2)
+            put_observed(b, t, 1);
     }
+    if (v >= 2)
+        put_round(b, s);
     gift_ckpt_put_u32(b, 0x454e4421u); /* "!DNE": end of body */
     return b->err;
 }
 
 int gift_shard_checkpoint(gift_shard_t *s, char *err, size_t errlen)
+{
+    return gift_shard_checkpoint_version(s, GIFT_CKPT_VERSION, err, errlen);
+}
+
+int gift_shard_checkpoint_version(gift_shard_t *s, uint32_t version, char *err, size_t errlen)
 {
     gift_ckpt_buf_t *b = &s->ckpt_buf;
     gift_log_t nl;
@@ -282,11 +503,16 @@ int gift_shard_checkpoint(gift_shard_t *s, char *err, size_t errlen)
         return 0;
     b->len = 0;
     b->err = 0;
-    if ((rc = snapshot_build(s, gen, b)) < 0) {
+    if (version < GIFT_CKPT_VERSION_MIN || version > GIFT_CKPT_VERSION) {
+        snprintf(err, errlen, "no checkpoint format version %u", version);
+        rc = GIFT_EINVAL;
+        goto out;
+    }
+    if ((rc = snapshot_build(s, gen, version, b)) < 0) {
         snprintf(err, errlen, "out of memory building the checkpoint");
         goto out;
     }
-    if ((rc = gift_ckpt_write(s->dir, b->p, b->len, err, errlen)) < 0)
+    if ((rc = gift_ckpt_write(s->dir, version, b->p, b->len, err, errlen)) < 0)
         goto out;
     /* The checkpoint names generation gen: its log starts empty and the
      * previous one is no longer read. */
@@ -332,7 +558,8 @@ static int restore_declare(gift_shard_t *s, const uint8_t *p, size_t len, char *
 
 /* Chunk i of the checkpoint: its step, the replies of its last two
  * finished steps and its pull residual. 0, a code with err, or SHORT_BODY. */
-static int load_chunk(gift_shard_t *s, gift_ckpt_cur_t *c, size_t i, char *err, size_t errlen)
+static int load_chunk(gift_shard_t *s, gift_ckpt_cur_t *c, size_t i, uint32_t v, char *err,
+                      size_t errlen)
 {
     chunk_t *ch = &s->chunks[i];
     size_t n;
@@ -354,16 +581,21 @@ static int load_chunk(gift_shard_t *s, gift_ckpt_cur_t *c, size_t i, char *err, 
         r->err = (int)gift_ckpt_get_u32(c);
         r->step = gift_ckpt_get_u64(c);
         r->epoch = gift_ckpt_get_u32(c);
+        r->pull = ch->t->pull; /* version 1: the declared codec */
+        if (v >= 2)
+            get_codec(c, &r->pull);
         p = gift_ckpt_get_blob(c, &n, ch->pull_l.total);
         if (c->err)
             return SHORT_BODY;
-        if (r->valid && !r->err && n != ch->pull_l.total) {
-            snprintf(err, errlen, "reply of tensor %u chunk %u has %zu bytes, not %zu", key, id,
-                     n, ch->pull_l.total);
-            return GIFT_EIO;
+        if (r->valid && !r->err) {
+            if (gift__pol_reply_load(ch, &r->pull, n, err, errlen) < 0)
+                return GIFT_EIO;
+        } else {
+            r->pull = ch->t->pull;
+            n = 0;
         }
         memcpy(r->buf->data, p, n);
-        r->buf->len = ch->pull_l.total;
+        r->buf->len = r->len = n ? n : ch->pull_l.total;
     }
     if (ch->pres != NULL) {
         const uint8_t *p;
@@ -386,8 +618,8 @@ static int load_chunk(gift_shard_t *s, gift_ckpt_cur_t *c, size_t i, char *err, 
 /* The owner state of tensor t (its epoch records, geometry and the
  * sketches of an unfinished round), saved under aggregate agg. 0, a code
  * with err, or SHORT_BODY. */
-static int load_owned(gift_shard_t *s, gift_ckpt_cur_t *c, tensor_t *t, uint32_t agg, char *err,
-                      size_t errlen)
+static int load_owned(gift_shard_t *s, gift_ckpt_cur_t *c, tensor_t *t, uint32_t agg, uint32_t v,
+                      char *err, size_t errlen)
 {
     size_t n;
     int rc;
@@ -401,8 +633,13 @@ static int load_owned(gift_shard_t *s, gift_ckpt_cur_t *c, tensor_t *t, uint32_t
     if (t->nepochs == 0 || t->nepochs > MAX_EPOCH_RECS)
         return SHORT_BODY;
     for (uint32_t e = 0; e < t->nepochs; e++) {
+        gift_treat_t *tr = &t->epochs[e].tr;
         t->epochs[e].epoch = gift_ckpt_get_u32(c);
         t->epochs[e].valid_from = gift_ckpt_get_u64(c);
+        /* Version 1 knew no policy: every epoch had the declared treatment. */
+        memset(tr, 0, sizeof *tr);
+        if (v >= 2 && (rc = get_treat(c, t, tr, err, errlen)) < 0)
+            return c->err ? SHORT_BODY : rc;
     }
     epoch = gift_ckpt_get_u32(c);
     identity = gift_ckpt_get_u32(c);
@@ -450,6 +687,8 @@ static int load_owned(gift_shard_t *s, gift_ckpt_cur_t *c, tensor_t *t, uint32_t
         return SHORT_BODY;
     if (t->tr && yl == 8 * (size_t)s->world)
         memcpy(t->tr, p, yl);
+    if (v >= 2 && (rc = get_observed(c, t, 1, err, errlen)) < 0)
+        return c->err ? SHORT_BODY : rc;
     return 0;
 }
 
@@ -457,7 +696,8 @@ static int load_owned(gift_shard_t *s, gift_ckpt_cur_t *c, tensor_t *t, uint32_t
  * world, aggregate, generation), the declaration, then every chunk
  * (load_chunk) and every owned tensor (load_owned). Returns 0 or a negative
  * code with err. */
-static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char *err, size_t errlen)
+static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, uint32_t v, char *err,
+                         size_t errlen)
 {
     gift_ckpt_cur_t c = {body, len, 0, 0};
     uint32_t shard_id, num_shards, world, agg;
@@ -497,12 +737,19 @@ static int snapshot_load(gift_shard_t *s, const uint8_t *body, size_t len, char 
         return GIFT_EIO;
     }
     for (size_t i = 0; i < s->nchunks; i++)
-        if ((rc = load_chunk(s, &c, i, err, errlen)) != 0)
+        if ((rc = load_chunk(s, &c, i, v, err, errlen)) != 0)
             goto step_failed;
     for (size_t i = 0; i < s->ntensors; i++)
         if (s->tensors[i].owner && s->tensors[i].geometry &&
-            (rc = load_owned(s, &c, &s->tensors[i], agg, err, errlen)) != 0)
+            (rc = load_owned(s, &c, &s->tensors[i], agg, v, err, errlen)) != 0)
             goto step_failed;
+    /* Version 1: no round kept; the next build chooses afresh. */
+    s->pol_round_ok = 0;
+    if (v >= 2 && (rc = get_round(&c, s, 1, err, errlen)) < 0) {
+        if (c.err)
+            goto short_body;
+        return rc;
+    }
 end:
     if (gift_ckpt_get_u32(&c) != 0x454e4421u || c.err || c.off != c.len)
         goto short_body;
@@ -549,7 +796,7 @@ static int replay_declare(replay_ctx_t *x, gift_ckpt_cur_t *c)
 /* A finished chunk step: its reply (and pull residual) become the chunk's
  * newest, and its base moves past it. Steps the checkpoint holds already
  * are skipped; a gap is corruption. */
-static int replay_step(replay_ctx_t *x, gift_ckpt_cur_t *c)
+static int replay_step(replay_ctx_t *x, gift_ckpt_cur_t *c, int v2)
 {
     gift_shard_t *s = x->s;
     const uint8_t *body = c->p;
@@ -558,15 +805,46 @@ static int replay_step(replay_ctx_t *x, gift_ckpt_cur_t *c)
     uint32_t epoch = gift_ckpt_get_u32(c), e = gift_ckpt_get_u32(c);
     uint32_t n = gift_ckpt_get_u32(c);
     chunk_t *ch = gift__shard_find_chunk(s, key, id);
-    size_t extra = ch != NULL && ch->pres != NULL ? 4 + ch->n * sizeof(float) : 0;
+    size_t extra = ch != NULL && ch->pres != NULL ? 4 + ch->n * sizeof(float) : 0, head, rest;
+    gift_codec_params_t pull;
+    tensor_t *t;
+    uint32_t new_gbar = 0;
     reply_t *r;
-    if (c->err || ch == NULL || (e == 0 && n != ch->pull_l.total) ||
-        c->len - c->off != n + extra) {
-        snprintf(x->err, x->errlen,
-                 "a step record of tensor %u chunk %u does not fit the "
-                 "declaration",
-                 key, id);
-        return GIFT_EIO;
+    if (c->err || ch == NULL)
+        goto misfit;
+    t = ch->t;
+    pull = t->pull; /* GIFT_LOG_STEP: the declared codec */
+    if (v2)
+        get_codec(c, &pull);
+    head = c->off;
+    rest = c->len - head;
+    /* GIFT_LOG_STEP2 ends with what the policy observed (28 bytes, then
+     * chunk 0's gbar when this step filled it). */
+    if (c->err || n > ch->pull_l.total || rest < (size_t)n + extra ||
+        (!v2 && (rest != n + extra || (e == 0 && n != ch->pull_l.total))))
+        goto misfit;
+    if (v2) {
+        gift_ckpt_cur_t o = {body + head + n + extra, rest - n - extra, 0, 0};
+        uint32_t gok;
+        gift_ckpt_get(&o, NULL, 12); /* the hit rate: get_observed's, below */
+        gok = gift_ckpt_get_u32(&o);
+        uint64_t gstep = gift_ckpt_get_u64(&o);
+        size_t gn = (size_t)ch->n * sizeof(float);
+        new_gbar = gift_ckpt_get_u32(&o);
+        if (o.err || new_gbar > 1 || o.len - o.off != (new_gbar ? gn : 0) ||
+            (new_gbar && (id != 0 || !gok || gstep != step)))
+            goto misfit;
+        if (e == 0 && gift__pol_reply_load(ch, &pull, n, x->err, x->errlen) < 0)
+            return GIFT_EIO;
+        if (!(ch->started && step < ch->base)) {
+            /* Applied with the step: the same bytes again, through
+             * get_observed's checks, then the floats. */
+            gift_ckpt_cur_t oc = {o.p, o.len, 0, 0};
+            if (get_observed(&oc, t, 0, x->err, x->errlen) < 0)
+                return GIFT_EIO;
+            if (new_gbar && t->gbar != NULL)
+                memcpy(t->gbar, o.p + o.off, gn);
+        }
     }
     if (ch->started && step < ch->base)
         return 0; /* already in the checkpoint */
@@ -582,16 +860,21 @@ static int replay_step(replay_ctx_t *x, gift_ckpt_cur_t *c)
     r->err = (int)e;
     r->step = step;
     r->epoch = epoch;
-    memcpy(r->buf->data, body + c->off, n);
-    r->buf->len = ch->pull_l.total;
+    r->pull = e == 0 ? pull : t->pull;
+    memcpy(r->buf->data, body + head, n);
+    r->buf->len = r->len = e == 0 ? n : ch->pull_l.total;
     if (ch->pres != NULL) {
-        c->off += n;
-        ch->pres_epoch = gift_ckpt_get_u32(c);
-        memcpy(ch->pres, body + c->off, ch->n * sizeof(float));
+        gift_ckpt_cur_t pc = {body + head + n, extra, 0, 0};
+        ch->pres_epoch = gift_ckpt_get_u32(&pc);
+        memcpy(ch->pres, body + head + n + 4, ch->n * sizeof(float));
     }
     ch->started = 1;
     ch->base = step + 1;
     return 0;
+misfit:
+    snprintf(x->err, x->errlen, "a step record of tensor %u chunk %u does not fit the declaration",
+             key, id);
+    return GIFT_EIO;
 }
 
 /* An accepted sketch of an owned tensor t (ny = cols x ks floats): joins
@@ -624,15 +907,29 @@ static int replay_sketch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint6
 /* A published epoch of an owned tensor t: restored and published again
  * (newer than the one held only), its round of step done. */
 static int replay_epoch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint64_t step,
-                        size_t ny)
+                        size_t ny, int v2)
 {
     uint32_t epoch = gift_ckpt_get_u32(c);
     uint64_t valid_from = gift_ckpt_get_u64(c);
     uint32_t identity = gift_ckpt_get_u32(c);
     double trace = gift_ckpt_get_f64(c), sigma2 = gift_ckpt_get_f64(c),
            delta = gift_ckpt_get_f64(c);
-    const uint8_t *U = c->p + c->off, *L = U + ny * 4;
+    const uint8_t *U, *L;
+    gift_treat_t tr;
+    size_t round_at = 0;
     int rc;
+    memset(&tr, 0, sizeof tr); /* GIFT_LOG_EPOCH: the declared treatment */
+    if (v2 && !c->err) {
+        /* The decision, then the round's choices: checked now, applied
+         * (from round_at) once the epoch is. */
+        if ((rc = get_treat(c, t, &tr, x->err, x->errlen)) < 0 && !c->err)
+            return rc;
+        round_at = c->off;
+        if (!c->err && (rc = get_round(c, x->s, 0, x->err, x->errlen)) < 0 && !c->err)
+            return rc;
+    }
+    U = c->p + c->off;
+    L = U + ny * 4;
     if (c->err || c->len - c->off != ny * 4 + (size_t)t->ks * 4) {
         snprintf(x->err, x->errlen, "an epoch record of tensor %u is malformed", t->key);
         return GIFT_EIO;
@@ -647,6 +944,12 @@ static int replay_epoch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint64
     /* gift__owner_publish re-copies U and lambda and appends the record. */
     if ((rc = gift__owner_publish(t, valid_from)) < 0)
         return rc;
+    t->epochs[t->nepochs - 1].tr = tr;
+    if (v2) {
+        gift_ckpt_cur_t rc_cur = {c->p, c->len, round_at, 0};
+        if ((rc = get_round(&rc_cur, x->s, 1, x->err, x->errlen)) < 0)
+            return rc;
+    }
     t->sk_active = 0;
     t->sk_done = 1;
     t->sk_done_step = step;
@@ -669,9 +972,9 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
                  type);
         return GIFT_EIO;
     }
-    if (type == GIFT_LOG_STEP)
-        return replay_step(x, &c);
-    if (type == GIFT_LOG_SKETCH || type == GIFT_LOG_EPOCH) {
+    if (type == GIFT_LOG_STEP || type == GIFT_LOG_STEP2)
+        return replay_step(x, &c, type == GIFT_LOG_STEP2);
+    if (type == GIFT_LOG_SKETCH || type == GIFT_LOG_EPOCH || type == GIFT_LOG_EPOCH2) {
         uint32_t key = gift_ckpt_get_u32(&c);
         uint64_t step = gift_ckpt_get_u64(&c);
         tensor_t *t = key < s->ntensors ? &s->tensors[key] : NULL;
@@ -685,7 +988,8 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
         }
         ny = (size_t)t->cols * t->ks;
         return type == GIFT_LOG_SKETCH ? replay_sketch(x, &c, t, step, ny)
-                                       : replay_epoch(x, &c, t, step, ny);
+                                       : replay_epoch(x, &c, t, step, ny,
+                                                      type == GIFT_LOG_EPOCH2);
     }
     snprintf(x->err, x->errlen, "the step log has a record of unknown type %u", type);
     return GIFT_EIO;
@@ -695,6 +999,7 @@ int gift_shard_restore(gift_shard_t *s, char *err, size_t errlen)
 {
     uint8_t *body = NULL;
     size_t len = 0;
+    uint32_t version = 0;
     replay_ctx_t x = {s, err, errlen, 0};
     int rc, have, torn = 0;
 
@@ -704,11 +1009,11 @@ int gift_shard_restore(gift_shard_t *s, char *err, size_t errlen)
     if ((rc = gift_ckpt_mkdir(s->dir, err, errlen)) < 0)
         return rc;
     s->replaying = 1;
-    if ((have = gift_ckpt_read(s->dir, &body, &len, err, errlen)) < 0) {
+    if ((have = gift_ckpt_read(s->dir, &body, &len, &version, err, errlen)) < 0) {
         rc = have;
         goto fail;
     }
-    if (have && (rc = snapshot_load(s, body, len, err, errlen)) < 0) {
+    if (have && (rc = snapshot_load(s, body, len, version, err, errlen)) < 0) {
         size_t n = strlen(err);
         /* Prefix the file's name: "DIR/checkpoint: why". */
         if (n + strlen(s->dir) + 14 < errlen) {

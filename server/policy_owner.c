@@ -85,12 +85,10 @@ static int fits(const tensor_t *t, const gift_codec_params_t *p, const gift_code
 
 int gift__pol_opts_ok(const gift_shard_opts_t *o)
 {
-    int active =
-        o->policy != GIFT_POLICY_ALL || o->budget_bits > 0.0 || o->max_transform_gflops > 0.0;
     return o->policy >= GIFT_POLICY_ALL && o->policy <= GIFT_POLICY_HITS &&
            isfinite(o->budget_bits) && o->budget_bits >= 0.0 && isfinite(o->max_transform_gflops) &&
            o->max_transform_gflops >= 0.0 && isfinite(o->hits_threshold) &&
-           o->hits_threshold >= 0.0 && !(active && o->checkpoint_steps > 0);
+           o->hits_threshold >= 0.0;
 }
 
 int gift__pol_active(const gift_shard_t *s)
@@ -444,6 +442,73 @@ int gift__pol_step_codecs(const chunk_t *ch, slot_t *sl, uint32_t epoch,
         sl->pull_len = pull_len;
     }
     return 0;
+}
+
+/* Whether p, read from disk, may stand for decl on t: a known format whose
+ * layout works, and decl itself or (under geometry) one that fits. */
+static int codec_load_ok(const tensor_t *t, const gift_codec_params_t *p,
+                         const gift_codec_params_t *decl)
+{
+    gift_layout_t l;
+    if ((unsigned)p->fmt >= GIFT_FMT_COUNT_ || gift_layout(p, 1, &l) < 0)
+        return 0;
+    return same_codec(p, decl) || (t->geometry && fits(t, p, decl));
+}
+
+int gift__pol_treat_load(const tensor_t *t, gift_treat_t *tr, char *why, size_t whylen)
+{
+    if (!isfinite(tr->pred_ratio) || !isfinite(tr->bits)) {
+        snprintf(why, whylen, "tensor %u: a saved decision has predicted ratio %g, bits %g",
+                 t->key, tr->pred_ratio, tr->bits);
+        return GIFT_EIO;
+    }
+    if (!tr->set) {
+        tr->euclid = 0;
+        tr->k = t->k;
+        tr->push = t->push;
+        tr->pull = t->pull;
+        return 0;
+    }
+    tr->set = 1;
+    tr->euclid = tr->euclid != 0;
+    if (tr->k < 1 || tr->k > t->k) {
+        snprintf(why, whylen, "tensor %u: a saved decision has rank %u; the declared rank is %u",
+                 t->key, tr->k, t->k);
+        return GIFT_EIO;
+    }
+    if (!codec_load_ok(t, &tr->push, &t->push) || !codec_load_ok(t, &tr->pull, &t->pull)) {
+        snprintf(why, whylen,
+                 "tensor %u: a saved decision has push format %d block %u, pull format %d "
+                 "block %u; declared %s and %s, and a decision may only be a known format no "
+                 "larger",
+                 t->key, (int)tr->push.fmt, tr->push.block, (int)tr->pull.fmt, tr->pull.block,
+                 gift_format_name(t->push.fmt), gift_format_name(t->pull.fmt));
+        return GIFT_EIO;
+    }
+    return 0;
+}
+
+int gift__pol_reply_load(const chunk_t *ch, const gift_codec_params_t *p, size_t len, char *why,
+                         size_t whylen)
+{
+    if (!codec_load_ok(ch->t, p, &ch->t->pull) || bytes_of(p, ch->n) != len) {
+        snprintf(why, whylen,
+                 "a saved reply of tensor %u chunk %u has format %d block %u and %zu bytes; "
+                 "declared %s (%zu bytes), and a step's may only be a known format no larger",
+                 ch->t->key, ch->id, (int)p->fmt, p->block, len,
+                 gift_format_name(ch->t->pull.fmt), ch->pull_l.total);
+        return GIFT_EIO;
+    }
+    return 0;
+}
+
+size_t gift__pol_count(const gift_shard_t *s)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->ntensors; i++)
+        if (s->tensors[i].owner && s->tensors[i].geometry && s->tensors[i].gbar != NULL)
+            n++;
+    return n;
 }
 
 void gift__pol_geometry_wire(const tensor_t *t, Gift__Geometry *g, Gift__Codec *push,

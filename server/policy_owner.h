@@ -32,9 +32,8 @@ int gift__pol_format_from_wire(Gift__Format f);
 /* Codec params from a wire Codec (NULL means f32). 0 or GIFT_EFORMAT. */
 int gift__pol_codec_from_wire(const Gift__Codec *c, gift_codec_params_t *p);
 
-/* Whether o's policy options are usable: a known policy, finite
- * non-negative budget, cap and threshold, and no persistence with an
- * active policy (decisions are not checkpointed yet). */
+/* Whether o's policy options are usable: a known policy and a finite
+ * non-negative budget, cap and threshold. */
 int gift__pol_opts_ok(const gift_shard_opts_t *o);
 
 /* Whether s's policy can change a treatment (not all, a budget or a
@@ -96,5 +95,21 @@ int gift__pol_step_codecs(const chunk_t *ch, slot_t *sl, uint32_t epoch,
  * newest epoch; leaves them unset for the declared treatment. */
 void gift__pol_geometry_wire(const tensor_t *t, Gift__Geometry *g, Gift__Codec *push,
                              Gift__Codec *pull);
+
+/* Checks a decision read back from disk (checkpoint, step log) for t:
+ * k in 1..declared k, each codec a known one that fits the buffers sized
+ * for the declared one (the declared one itself on a tensor without
+ * geometry), finite figures. A decision with set 0 becomes the declared
+ * treatment, its figures kept. 0, or GIFT_EIO with a sentence in why. */
+int gift__pol_treat_load(const tensor_t *t, gift_treat_t *tr, char *why, size_t whylen);
+
+/* Checks a reply's codec p and length len read back from disk for chunk
+ * ch: a codec gift__pol_push_codecs could have fixed for its pull, and
+ * exactly its payload's bytes. 0, or GIFT_EIO with a sentence in why. */
+int gift__pol_reply_load(const chunk_t *ch, const gift_codec_params_t *p, size_t len, char *why,
+                         size_t whylen);
+
+/* The owned geometry tensors the chooser runs over (s->pol_out's length). */
+size_t gift__pol_count(const gift_shard_t *s);
 
 #endif

@@ -647,6 +647,15 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         if (rc < 0)
             GIFT_LOG_ERROR(0, "tensor %u chunk %u step %" PRIu64 ": encode failed: %s",
                      t->key, ch->id, step, gift_strerror(rc));
+        if (rc == 0 && hits_step(s, step)) {
+            gift_hits_t h;
+            if (gift_boundary_hits(&r->pull, sl->acc, r->buf->data, r->buf->cap, ch->n, &h) == 0 &&
+                h.n > 0) {
+                t->hit_rate = (double)(h.saturated + h.flushed) / (double)h.n;
+                t->hit_known = 1;
+            }
+        }
+        gift__pol_observe(ch, sl, r); /* before the journal: the step's record holds them */
         /* Durable before any pull of it is answered: synced now, or with
          * group commit at the next gift_shard_flush (its pulls wait). */
         r->durable = 1;
@@ -659,14 +668,6 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
                 s->pending[s->npending++] = ch;
             }
         }
-        if (rc == 0 && hits_step(s, step)) {
-            gift_hits_t h;
-            if (gift_boundary_hits(&r->pull, sl->acc, r->buf->data, r->buf->cap, ch->n, &h) == 0 &&
-                h.n > 0) {
-                t->hit_rate = (double)(h.saturated + h.flushed) / (double)h.n;
-                t->hit_known = 1;
-            }
-        }
         if (sl->t_first) {
             double lat = (double)(now_ns(s) - sl->t_first) * 1e-9;
             int b = 0;
@@ -675,7 +676,6 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
             s->c.lat_bucket[b]++;
             s->c.lat_sum += lat;
         }
-        gift__pol_observe(ch, sl, r);
         /* The accumulator is not cleared: the step's first push overwrites it. */
         memset(sl->ranks, 0, s->words * sizeof(uint64_t));
         sl->count = 0;

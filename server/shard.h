@@ -224,6 +224,10 @@ void gift_shard_flush(gift_shard_t *s);
  * step-log generation. A no-op returning 0 when persistence is off or
  * nothing was declared. Returns 0 or GIFT_EIO/GIFT_ENOMEM with err set. */
 int gift_shard_checkpoint(gift_shard_t *s, char *err, size_t errlen);
+/* The same in checkpoint format version `version` (GIFT_CKPT_VERSION_MIN..,
+ * checkpoint.h): an older one only to test that files of earlier versions
+ * still load. GIFT_EINVAL for a version this giftd cannot write. */
+int gift_shard_checkpoint_version(gift_shard_t *s, uint32_t version, char *err, size_t errlen);
 
 /* Read-only views for metrics and status. */
 const gift_shard_counters_t *gift_shard_counters(const gift_shard_t *s);

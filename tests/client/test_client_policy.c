@@ -22,6 +22,10 @@
  * changed only where an epoch begins and did change. test_two_shards runs
  * the same against two shards with eight chunks per tensor, so that most
  * chunks live on a shard that takes each step's codecs from its pushes.
+ * test_budget_kill runs test_budget_mix's case with checkpoints and
+ * SIGKILLs the shard after the first format change (after step KILL_AT's
+ * pushes, before its pulls), restarts it on its data directory and port,
+ * and wants every pulled mean bit for bit that of a fault-free run.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -62,6 +66,8 @@
 #define REFRESH 4
 #define STEPS 12
 #define SKETCH_ROWS 128
+#define KILL_AT 7    /* after epoch 1's first steps; gbar of step 7 feeds epoch 2 */
+#define CKPT_STEPS 3 /* test_budget_kill: a checkpoint at steps 3 and 6, then the log */
 
 extern char **environ;
 
@@ -94,6 +100,12 @@ static int g_rank_mode;
 static pid_t daemon_pid[MAX_SHARDS] = {-1, -1};
 static char daemon_log[MAX_SHARDS][512];
 static int nshards;
+/* test_budget_kill: the shard's data directory ("" for none), the port a
+ * restart takes again, and each worker's pipes (it writes sig after
+ * KILL_AT's pushes, then reads go; -1 when not killing). */
+static char g_data_dir[512];
+static int g_port;
+static int g_sig_w[WORLD] = {-1, -1}, g_go_r[WORLD] = {-1, -1};
 
 /* Starts shard `shard` of count with the policy and budget, returns its port. */
 static int daemon_start(int shard, int count)
@@ -107,7 +119,9 @@ static int daemon_start(int shard, int count)
                     /* rank mode: 2 tensors x 8 x 256 x 64 x k / 1e9 GFLOP under
                      * 6e-4 only at k = 2 (k_max / 4) for both */
                     (char *)(g_rank_mode ? "0.0006" : "7"), (char *)"--log-level", (char *)"info",
-                    (char *)"--shard-id", sid, (char *)"--num-shards", ns, NULL};
+                    (char *)"--shard-id", sid, (char *)"--num-shards", ns, NULL, NULL, NULL,
+                    NULL, NULL};
+    char portv[16], cs[16];
     int out[2], log_fd, port = 0;
     size_t len = 0;
     double end;
@@ -115,6 +129,15 @@ static int daemon_start(int shard, int count)
 
     snprintf(sid, sizeof sid, "%d", shard);
     snprintf(ns, sizeof ns, "%d", count);
+    snprintf(portv, sizeof portv, "%d", g_port);
+    snprintf(cs, sizeof cs, "%d", CKPT_STEPS);
+    argv[4] = portv;
+    if (g_data_dir[0] != '\0') {
+        argv[19] = (char *)"--checkpoint-steps";
+        argv[20] = cs;
+        argv[21] = (char *)"--data-dir";
+        argv[22] = g_data_dir;
+    }
     snprintf(daemon_log[shard], sizeof daemon_log[shard], "%s/giftd-policy-XXXXXX",
              tmp != NULL && *tmp ? tmp : "/tmp");
     log_fd = mkstemp(daemon_log[shard]);
@@ -265,6 +288,11 @@ static void worker(int rank, const char *servers, result_t *res)
     o.world_size = WORLD;
     if (nshards > 1) /* 8 chunks per tensor, spread over the shards */
         o.chunk_bytes = (uint64_t)(ROWS / 8) * COLS * sizeof(float);
+    if (g_sig_w[rank] >= 0) { /* a shard restart to ride through */
+        o.timeout_ms = 30000;
+        o.connect_timeout_ms = 20000;
+        o.backoff_max_ms = 200;
+    }
     if ((rc = gift_client_open(&o, &c)) < 0)
         WFAIL(res, rc, "gift_client_open");
     if ((rc = gift_declare(c, td, NT)) < 0)
@@ -276,11 +304,33 @@ static void worker(int rank, const char *servers, result_t *res)
                 if ((rc = gift_sketch_inputs(c, (uint32_t)i, (uint64_t)s, x, SKETCH_ROWS)) < 0)
                     WFAIL(res, rc, "step %d tensor %d: sketch", s, i);
             }
-        for (int i = 0; i < NT; i++) {
-            gen(g[i], i, rank, s);
-            if ((rc = gift_push_pull(c, (uint32_t)i, (uint64_t)s, g[i], out[i], NULL, NULL,
-                                     &ops[i])) < 0)
-                WFAIL(res, rc, "step %d tensor %d: push_pull", s, i);
+        if (s == KILL_AT && g_sig_w[rank] >= 0) {
+            /* Push, tell the test, wait while it kills and restarts the
+             * shard, then pull. */
+            char b = 'p';
+            for (int i = 0; i < NT; i++) {
+                gen(g[i], i, rank, s);
+                if ((rc = gift_push(c, (uint32_t)i, (uint64_t)s, g[i], NULL, NULL, &ops[i])) < 0)
+                    WFAIL(res, rc, "step %d tensor %d: push", s, i);
+            }
+            for (int i = 0; i < NT; i++) {
+                rc = gift_op_wait(ops[i]);
+                gift_op_free(ops[i]);
+                if (rc < 0)
+                    WFAIL(res, rc, "step %d tensor %d: the push failed", s, i);
+            }
+            if (write(g_sig_w[rank], &b, 1) != 1 || read(g_go_r[rank], &b, 1) != 1)
+                WFAIL(res, GIFT_EIO, "signal pipes");
+            for (int i = 0; i < NT; i++)
+                if ((rc = gift_pull(c, (uint32_t)i, (uint64_t)s, out[i], NULL, NULL, &ops[i])) < 0)
+                    WFAIL(res, rc, "step %d tensor %d: pull", s, i);
+        } else {
+            for (int i = 0; i < NT; i++) {
+                gen(g[i], i, rank, s);
+                if ((rc = gift_push_pull(c, (uint32_t)i, (uint64_t)s, g[i], out[i], NULL, NULL,
+                                         &ops[i])) < 0)
+                    WFAIL(res, rc, "step %d tensor %d: push_pull", s, i);
+            }
         }
         for (int i = 0; i < NT; i++) {
             rc = gift_op_wait(ops[i]);
@@ -288,10 +338,15 @@ static void worker(int rank, const char *servers, result_t *res)
             if (rc < 0)
                 WFAIL(res, rc, "step %d tensor %d: the pull failed", s, i);
         }
-        for (int i = 0; g_rank_mode && i < NT; i++) {
-            double e2 = 0, m2 = 0;
+        for (int i = 0; i < NT; i++) {
             uint64_t h = 1469598103934665603ull;
             const uint8_t *b = (const uint8_t *)out[i];
+            for (size_t j = 0; j < n * sizeof(float); j++)
+                h = (h ^ b[j]) * 1099511628211ull;
+            res->hash[s][i] = h;
+        }
+        for (int i = 0; g_rank_mode && i < NT; i++) {
+            double e2 = 0, m2 = 0;
             for (int r = 0; r < WORLD; r++) {
                 gen(rg, i, r, s);
                 for (size_t j = 0; j < n; j++)
@@ -301,10 +356,7 @@ static void worker(int rank, const char *servers, result_t *res)
                 e2 += ((double)out[i][j] - acc[j]) * ((double)out[i][j] - acc[j]);
                 m2 += (double)acc[j] * acc[j];
             }
-            for (size_t j = 0; j < n * sizeof(float); j++)
-                h = (h ^ b[j]) * 1099511628211ull;
             res->err[s][i] = sqrt(e2 / m2);
-            res->hash[s][i] = h;
         }
         for (int i = 0; !g_rank_mode && i < NT; i++) {
             static const gift_format_t F[2] = {GIFT_FMT_E4M3, GIFT_FMT_NVFP4};
@@ -331,22 +383,36 @@ out:
     free(pay);
 }
 
-/* Runs the two workers against count shards; res gets their results. */
-static void run_cluster(int count, result_t *res)
+/* Runs the two workers against count shards; res gets their results. With
+ * kill (one shard, g_data_dir set) the shard is SIGKILLed once both workers
+ * pushed step KILL_AT, and a new giftd on its data directory and port
+ * takes over before they pull it. */
+static void run_cluster_kill(int count, result_t *res, int kill_it)
 {
     pid_t pid[WORLD];
-    int fd[WORLD];
+    int fd[WORLD], sig_r[WORLD], go_w[WORLD];
     char servers[128];
     size_t len = 0;
     pid_t parent = getpid();
 
     nshards = count;
-    for (int i = 0; i < count; i++)
+    for (int i = 0; i < count; i++) {
+        int port = daemon_start(i, count);
+        if (kill_it)
+            g_port = port; /* the restart takes it again */
         len += (size_t)snprintf(servers + len, sizeof servers - len, "%s127.0.0.1:%d", i ? "," : "",
-                                daemon_start(i, count));
+                                port);
+    }
     for (int r = 0; r < WORLD; r++) {
-        int p[2];
+        int p[2], a[2], b[2];
         ck_assert(pipe(p) == 0);
+        if (kill_it) {
+            ck_assert(pipe(a) == 0 && pipe(b) == 0);
+            g_sig_w[r] = a[1];
+            g_go_r[r] = b[0];
+            sig_r[r] = a[0];
+            go_w[r] = b[1];
+        }
         pid[r] = fork();
         ck_assert_msg(pid[r] >= 0, "fork: %s", strerror(errno));
         if (pid[r] == 0) {
@@ -363,6 +429,35 @@ static void run_cluster(int count, result_t *res)
         }
         close(p[1]);
         fd[r] = p[0];
+        if (kill_it) {
+            close(g_sig_w[r]);
+            close(g_go_r[r]);
+            g_sig_w[r] = g_go_r[r] = -1;
+        }
+    }
+    if (kill_it) {
+        int status;
+        for (int r = 0; r < WORLD; r++) {
+            struct pollfd pfd = {.fd = sig_r[r], .events = POLLIN};
+            char b;
+            if (poll(&pfd, 1, WORKER_TIMEOUT_MS) != 1 || read(sig_r[r], &b, 1) != 1) {
+                for (int q = 0; q < WORLD; q++)
+                    kill(pid[q], SIGKILL);
+                ck_abort_msg("worker %d did not reach step %d (giftd log %s)", r, KILL_AT,
+                             daemon_log[0]);
+            }
+        }
+        kill(daemon_pid[0], SIGKILL);
+        waitpid(daemon_pid[0], &status, 0);
+        daemon_pid[0] = -1;
+        unlink(daemon_log[0]);
+        daemon_start(0, 1); /* g_port: the same port */
+        for (int r = 0; r < WORLD; r++) {
+            char b = 'g';
+            ck_assert(write(go_w[r], &b, 1) == 1);
+            close(go_w[r]);
+            close(sig_r[r]);
+        }
     }
     for (int r = 0; r < WORLD; r++) {
         size_t got = 0;
@@ -387,6 +482,11 @@ static void run_cluster(int count, result_t *res)
                       res[r].line, res[r].what, gift_strerror(res[r].rc), daemon_log[0]);
     }
     daemons_stop();
+}
+
+static void run_cluster(int count, result_t *res)
+{
+    run_cluster_kill(count, res, 0);
 }
 
 /* What every run must show: each pulled mean bit for bit one format's
@@ -490,6 +590,57 @@ START_TEST(test_two_shards)
 }
 END_TEST
 
+/* test_budget_mix with checkpoints (every 3 steps) and a SIGKILL of the
+ * shard after step KILL_AT's pushes, past the first format change: the
+ * restarted shard (checkpoint of step 6 plus the step log) must republish
+ * the same decisions, finish step KILL_AT and choose epoch 2 as a shard
+ * that never stopped, so every pulled mean equals a fault-free run's bit
+ * for bit (both runs with checkpoints on). */
+START_TEST(test_budget_kill)
+{
+    result_t ref[WORLD], res[WORLD];
+    const char *tmp = getenv("TMPDIR");
+    char cmd[700];
+    int changes;
+
+    snprintf(g_data_dir, sizeof g_data_dir, "%s/giftd-policy-kill-XXXXXX",
+             tmp != NULL && *tmp ? tmp : "/tmp");
+    ck_assert_msg(mkdtemp(g_data_dir) != NULL, "mkdtemp: %s", strerror(errno));
+    run_cluster(1, ref); /* fault-free */
+    unlink(daemon_log[0]);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'/*", g_data_dir);
+    ck_assert_int_eq(system(cmd), 0);
+    g_port = 0;
+    run_cluster_kill(1, res, 1);
+    g_port = 0;
+    changes = check_steps(ref);
+    ck_assert_msg(changes >= 1 && (ref[0].fmt[KILL_AT][0] != ref[0].fmt[0][0] ||
+                                   ref[0].fmt[KILL_AT][1] != ref[0].fmt[0][1]),
+                  "the fault-free run changed format %d times (masks A %d B %d at step 0, A %d "
+                  "B %d at step %d); the kill must come after a change",
+                  changes, ref[0].fmt[0][0], ref[0].fmt[0][1], ref[0].fmt[KILL_AT][0],
+                  ref[0].fmt[KILL_AT][1], KILL_AT);
+    (void)check_steps(res);
+    for (int s = 0; s < STEPS; s++)
+        for (int i = 0; i < NT; i++)
+            for (int r = 0; r < WORLD; r++)
+                ck_assert_msg(res[r].hash[s][i] == ref[r].hash[s][i] &&
+                                  res[r].fmt[s][i] == ref[r].fmt[s][i],
+                              "worker %d step %d tensor %d: after the kill at step %d the mean "
+                              "(hash %016llx, format mask %d) differs from the fault-free run's "
+                              "(%016llx, mask %d); giftd log %s",
+                              r, s, i, KILL_AT, (unsigned long long)res[r].hash[s][i],
+                              res[r].fmt[s][i], (unsigned long long)ref[r].hash[s][i],
+                              ref[r].fmt[s][i], daemon_log[0]);
+    snprintf(cmd, sizeof cmd, "grep -q 'restored from' %s", daemon_log[0]);
+    ck_assert_msg(system(cmd) == 0, "the restarted giftd did not restore; log %s", daemon_log[0]);
+    unlink(daemon_log[0]);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_data_dir);
+    ck_assert_int_eq(system(cmd), 0);
+    g_data_dir[0] = '\0';
+}
+END_TEST
+
 static Suite *policy_suite(void)
 {
     Suite *s = suite_create("client_policy");
@@ -498,6 +649,7 @@ static Suite *policy_suite(void)
     tcase_add_test(tc, test_budget_mix);
     tcase_add_test(tc, test_two_shards);
     tcase_add_test(tc, test_lowered_rank);
+    tcase_add_test(tc, test_budget_kill);
     suite_add_tcase(s, tc);
     return s;
 }

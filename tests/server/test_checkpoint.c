@@ -23,6 +23,7 @@
 
 #include "checkpoint.h"
 #include "gift_codec.h"
+#include "gift_policy.h"
 #include "gift_proto.h"
 #include "log.h"
 #include "shard.h"
@@ -36,6 +37,9 @@
 /* ------------------------------------------------------------------ */
 
 static char g_dir[64];
+static double g_decay; /* geometry_decay of the persisting shards */
+static int g_policy;   /* their policy (all unless a test sets it) */
+static double g_budget; /* and budget_bits */
 
 static void dir_clear(const char *dir)
 {
@@ -56,6 +60,8 @@ static void fx_persist(void)
     strcpy(g_dir, "/tmp/gift-test-ckpt-XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(g_dir));
     fx_base();
+    g_policy = GIFT_POLICY_ALL;
+    g_budget = 0.0;
 }
 
 static void fx_persist_teardown(void)
@@ -67,7 +73,6 @@ static void fx_persist_teardown(void)
 
 /* Replaces the shard by one persisting to g_dir (every cs steps) and
  * restores it; returns what gift_shard_restore returned (err in *why). */
-static double g_decay; /* geometry_decay of the persisting shards */
 
 static int persist_open(uint32_t shard_id, uint32_t num_shards, uint32_t cs, char *why,
                         size_t whylen)
@@ -78,6 +83,8 @@ static int persist_open(uint32_t shard_id, uint32_t num_shards, uint32_t cs, cha
     o.num_shards = num_shards;
     o.max_parked = 64;
     o.geometry_decay = g_decay;
+    o.policy = g_policy;
+    o.budget_bits = g_budget;
     o.data_dir = g_dir;
     o.checkpoint_steps = cs;
     reopen(&o);
@@ -582,6 +589,368 @@ START_TEST(test_persist_corrupt)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* The policy's decisions (issue 24)                                    */
+/* ------------------------------------------------------------------ */
+
+/* One geometry tensor in two chunks, one fp8 format both ways: under a
+ * budget of 4.5 bits the owner gives it nvfp4 for push and pull. */
+static const tdesc_t POL_T[] = {
+    {0, "pol.w", 16, GDIN, E4M3, 32, E4M3, 32, 1, GK, GKS, 4, 1234},
+};
+static const cdesc_t POL_C[] = {{0, 0, 0, 10}, {0, 1, 10, 6}};
+#define POL_NC 2
+
+/* A Geometry reply as bytes: the envelope packed again with its seq
+ * cleared (each request has its own), then the payload. */
+typedef struct {
+    uint8_t *b;
+    size_t len;
+    const Gift__Geometry *g; /* valid until the peer's frames are released */
+} geo_bytes_t;
+
+static void geo_take(geo_bytes_t *out, int line)
+{
+    sent_t *s;
+    size_t hl;
+    ck_assert_int_eq(georeq_raw(&P[1], 0, 0), 0);
+    s = take_at(&P[1], GIFT__ENVELOPE__MSG_GEOMETRY, line);
+    s->env->geometry->seq = 0;
+    hl = gift__envelope__get_packed_size(s->env);
+    out->b = malloc(hl + s->len);
+    ck_assert_ptr_nonnull(out->b);
+    gift__envelope__pack(s->env, out->b);
+    memcpy(out->b + hl, s->copy, s->len);
+    out->len = hl + s->len;
+    out->g = s->env->geometry;
+}
+
+static void geo_same_at(const geo_bytes_t *a, const geo_bytes_t *b, const char *what, int line)
+{
+    size_t i = 0;
+    while (i < a->len && i < b->len && a->b[i] == b->b[i])
+        i++;
+    ck_assert_msg(a->len == b->len && i == a->len,
+                  "line %d: %s: Geometry reply of %zu bytes differs from the fault-free one "
+                  "(%zu bytes) at byte %zu",
+                  line, what, b->len, a->len, i);
+}
+
+/* The PullReply of chunk c step (seq q), in whichever codec the step has
+ * (EXPECT_REPLY wants the declared one). */
+static sent_t *pol_reply_at(fake_t *fp, const cdesc_t *c, uint64_t step, uint64_t q, int line)
+{
+    sent_t *rep = take_at(fp, GIFT__ENVELOPE__MSG_PULL_REPLY, line);
+    const Gift__PullReply *m = rep->env->pull_reply;
+    ck_assert_msg(m->key == c->key && m->chunk == c->chunk && m->step == step && m->seq == q &&
+                      m->epoch == 0,
+                  "line %d: reply %u/%u step %" PRIu64 " seq %" PRIu64 " epoch %u; want %u/%u "
+                  "step %" PRIu64 " seq %" PRIu64 " epoch 0",
+                  line, m->key, m->chunk, m->step, m->seq, m->epoch, c->key, c->chunk, step, q);
+    return rep;
+}
+
+/* Pushes step `step` of both chunks from every rank in the codec fmt (the
+ * epoch's decision), pulls it on rank 0 and keeps the reply's bytes and
+ * format. */
+static void pol_step(uint64_t step, Gift__Format fmt, uint8_t **keep, size_t *keep_len,
+                     int *keep_fmt)
+{
+    for (size_t ci = 0; ci < POL_NC; ci++) {
+        const cdesc_t *c = &POL_C[ci];
+        size_t n = (size_t)c->rows * GDIN, len;
+        gift_codec_params_t p = params_of(fmt, fmt == NVFP4 ? 0 : 32);
+        sent_t *rep;
+        uint64_t q;
+        for (int r = 0; r < W; r++) {
+            Gift__Envelope env = GIFT__ENVELOPE__INIT;
+            Gift__Push m = GIFT__PUSH__INIT;
+            Gift__Codec codec = GIFT__CODEC__INIT, pull = GIFT__CODEC__INIT;
+            float *x = grad(c->key, c->chunk, (uint32_t)r, step);
+            uint8_t *pay = encode(&p, x, n, &len);
+            gift_test_fill_push(&env, &m, &codec, c->key, c->chunk, step, 0, fmt, p.block,
+                                g_seq++);
+            pull.format = fmt;
+            pull.block = p.block;
+            m.pull_codec = &pull;
+            ck_assert_int_eq(feed(&P[r], &env, pay, len), 0);
+            take_at(&P[r], GIFT__ENVELOPE__MSG_PUSH_ACK, __LINE__);
+            free(pay);
+            free(x);
+        }
+        q = PULL(&P[0], c->key, c->chunk, step);
+        rep = pol_reply_at(&P[0], c, step, q, __LINE__);
+        if (keep != NULL) {
+            free(keep[ci]);
+            keep[ci] = malloc(rep->len);
+            ck_assert_ptr_nonnull(keep[ci]);
+            memcpy(keep[ci], rep->copy, rep->len);
+            keep_len[ci] = rep->len;
+            keep_fmt[ci] = rep->env->pull_reply->codec ? (int)rep->env->pull_reply->codec->format
+                                                       : -1;
+        } else {
+            /* A restored step: the same bytes in the same codec. */
+            int f = rep->env->pull_reply->codec ? (int)rep->env->pull_reply->codec->format : -1;
+            ck_assert_msg(f == keep_fmt[ci], "chunk %u step %" PRIu64 ": reply format %d, was %d",
+                          c->chunk, step, f, keep_fmt[ci]);
+            EXPECT_BYTES(rep, keep[ci], keep_len[ci]);
+        }
+        QUIET_ALL();
+        io_release(&P[0]);
+    }
+}
+
+/* Pulls step again from every chunk and expects the kept bytes and codec. */
+static void pol_repull(uint64_t step, uint8_t **keep, size_t *keep_len, int *keep_fmt)
+{
+    for (size_t ci = 0; ci < POL_NC; ci++) {
+        const cdesc_t *c = &POL_C[ci];
+        uint64_t q = PULL(&P[2], c->key, c->chunk, step);
+        sent_t *rep = pol_reply_at(&P[2], c, step, q, __LINE__);
+        int f = rep->env->pull_reply->codec ? (int)rep->env->pull_reply->codec->format : -1;
+        ck_assert_msg(f == keep_fmt[ci], "restored chunk %u step %" PRIu64 ": format %d, was %d",
+                      c->chunk, step, f, keep_fmt[ci]);
+        EXPECT_BYTES(rep, keep[ci], keep_len[ci]);
+        QUIET_ALL();
+        io_release(&P[2]);
+    }
+}
+
+/* Under a budget the owner's decision (nvfp4 both ways) and the steps
+ * coded in it come back bit for bit after a kill (step log only), after a
+ * checkpoint, and after a kill with both; the next step takes the same
+ * codecs. */
+START_TEST(test_persist_policy)
+{
+    geo_bytes_t g0, g;
+    uint8_t *k1[POL_NC] = {0}, *k2[POL_NC] = {0};
+    size_t l1[POL_NC], l2[POL_NC];
+    int f1[POL_NC], f2[POL_NC];
+    char why[512];
+
+    g_policy = GIFT_POLICY_AUTO;
+    g_budget = 4.5;
+    persist_open_ok(100, 0);
+    hello_all();
+    DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
+    geo_take(&g0, __LINE__);
+    ck_assert_msg(g0.g->push_codec != NULL && g0.g->push_codec->format == NVFP4 &&
+                      g0.g->pull_codec != NULL && g0.g->pull_codec->format == NVFP4 &&
+                      g0.g->bits > 0.0,
+                  "budget 4.5: push %d pull %d, %g bits; want nvfp4 both ways",
+                  g0.g->push_codec ? (int)g0.g->push_codec->format : -1,
+                  g0.g->pull_codec ? (int)g0.g->pull_codec->format : -1, g0.g->bits);
+    QUIET_ALL();
+    pol_step(0, NVFP4, k1, l1, f1);
+    pol_step(1, NVFP4, k2, l2, f2);
+    ck_assert_msg(f1[0] == NVFP4 && l1[0] == layout_total(NVFP4, 0, 10 * GDIN),
+                  "step 0 reply format %d, %zu bytes; want nvfp4, %zu", f1[0], l1[0],
+                  layout_total(NVFP4, 0, 10 * GDIN));
+
+    /* Killed: the step log alone. */
+    persist_open_ok(100, 1);
+    hello_all();
+    DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
+    geo_take(&g, __LINE__);
+    geo_same_at(&g0, &g, "after a kill", __LINE__);
+    free(g.b);
+    QUIET_ALL();
+    pol_repull(0, k1, l1, f1);
+    pol_repull(1, k2, l2, f2);
+
+    /* A checkpoint, then killed: the checkpoint alone. */
+    ck_assert_int_eq(gift_shard_checkpoint(S, why, sizeof why), 0);
+    persist_open_ok(100, 1);
+    hello_all();
+    DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
+    geo_take(&g, __LINE__);
+    geo_same_at(&g0, &g, "from the checkpoint", __LINE__);
+    free(g.b);
+    QUIET_ALL();
+    pol_repull(0, k1, l1, f1);
+    pol_repull(1, k2, l2, f2);
+    /* The next step under the restored decision, then killed again: the
+     * checkpoint plus the log. */
+    pol_step(2, NVFP4, k1, l1, f1);
+    persist_open_ok(100, 1);
+    hello_all();
+    DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
+    pol_repull(2, k1, l1, f1);
+    pol_repull(1, k2, l2, f2);
+    pol_step(3, NVFP4, k2, l2, f2);
+    free(g0.b);
+    for (size_t i = 0; i < POL_NC; i++) {
+        free(k1[i]);
+        free(k2[i]);
+    }
+}
+END_TEST
+
+/* Finds the saved decision of g (pred_ratio then bits, 8 bytes each) in a
+ * checkpoint body: the offset of its first field (set), 28 bytes before. */
+static size_t treat_at(const uint8_t *body, size_t len, double ratio, double bits)
+{
+    uint8_t want[16];
+    uint64_t u;
+    memcpy(&u, &ratio, 8);
+    for (int i = 0; i < 8; i++)
+        want[i] = (uint8_t)(u >> (8 * i));
+    memcpy(&u, &bits, 8);
+    for (int i = 0; i < 8; i++)
+        want[8 + i] = (uint8_t)(u >> (8 * i));
+    for (size_t i = 28; i + 16 <= len; i++)
+        if (memcmp(body + i, want, 16) == 0)
+            return i - 28;
+    ck_abort_msg("the decision (ratio %g, bits %g) is not in the checkpoint body", ratio, bits);
+    return 0;
+}
+
+static void ckpt_put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A checkpoint whose decision is damaged but whose checksum is good (as
+ * written by a buggy or hostile giftd) is refused with a sentence: a rank
+ * above the declared one, an unknown format, a format larger than
+ * declared, a set flag that is not 0 or 1. */
+START_TEST(test_persist_policy_corrupt)
+{
+    geo_bytes_t g0;
+    char why[512];
+    uint8_t *k[POL_NC] = {0};
+    size_t l[POL_NC];
+    int f[POL_NC];
+    uint8_t *body, *bad;
+    size_t len, off;
+    uint32_t v;
+    static const struct {
+        size_t field; /* bytes after the decision's start */
+        uint32_t value;
+        const char *want;
+    } cases[] = {
+        {8, GK + 1, "rank 9; the declared rank is 8"},
+        {8, 0, "rank 0"},
+        {12, 99, "push format 99"},
+        {20, (uint32_t)GIFT_FMT_F32, "pull format 0"}, /* f32: larger than declared fp8 */
+        {0, 2, "set 2"},
+    };
+
+    g_policy = GIFT_POLICY_AUTO;
+    g_budget = 4.5;
+    persist_open_ok(100, 0);
+    hello_all();
+    DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
+    geo_take(&g0, __LINE__);
+    QUIET_ALL();
+    pol_step(0, NVFP4, k, l, f);
+    ck_assert_int_eq(gift_shard_checkpoint(S, why, sizeof why), 0);
+    ck_assert_int_eq(gift_ckpt_read(g_dir, &body, &len, &v, why, sizeof why), 1);
+    ck_assert_msg(v == GIFT_CKPT_VERSION, "checkpoint version %u", v);
+    off = treat_at(body, len, g0.g->predicted_ratio, g0.g->bits);
+    ck_assert_msg(le32(body + off) == 1 && le32(body + off + 8) == GK &&
+                      le32(body + off + 12) == (uint32_t)GIFT_FMT_NVFP4,
+                  "decision at byte %zu: set %u k %u push %u", off, le32(body + off),
+                  le32(body + off + 8), le32(body + off + 12));
+    bad = malloc(len);
+    ck_assert_ptr_nonnull(bad);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memcpy(bad, body, len);
+        ckpt_put_u32(bad + off + cases[i].field, cases[i].value);
+        ck_assert_int_eq(gift_ckpt_write(g_dir, GIFT_CKPT_VERSION, bad, len, why, sizeof why), 0);
+        refused_at(cases[i].want, 0, 1, __LINE__);
+    }
+    /* The intact body loads again. */
+    ck_assert_int_eq(gift_ckpt_write(g_dir, GIFT_CKPT_VERSION, body, len, why, sizeof why), 0);
+    persist_open_ok(100, 1);
+    hello_all();
+    DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
+    pol_repull(0, k, l, f);
+    /* A step record (type 5) of the log whose reply claims an unknown
+     * format, its CRC good: refused. */
+    pol_step(1, NVFP4, k, l, f);
+    {
+        char lg[128];
+        size_t llen, off = 0;
+        uint8_t *glog;
+        int found = 0;
+        snprintf(lg, sizeof lg, "%s/log-1", g_dir);
+        glog = file_read(lg, &llen);
+        while (off + 20 <= llen && !found) {
+            uint64_t rl = le64(glog + off + 8);
+            ck_assert_msg(off + 20 + rl <= llen, "log record at %zu of %zu overruns", off, llen);
+            if (le32(glog + off + 4) == GIFT_LOG_STEP2) {
+                uint8_t *b = glog + off + 16;
+                ck_assert_msg(le32(b + 28) == (uint32_t)GIFT_FMT_NVFP4,
+                              "the step record's reply format is %u, not nvfp4", le32(b + 28));
+                ckpt_put_u32(b + 28, 99);
+                ckpt_put_u32(b + rl, gift_crc32c(gift_crc32c(0, glog + off + 4, 12), b, rl));
+                found = 1;
+            }
+            off += 20 + rl;
+        }
+        ck_assert_msg(found, "no step record (type %d) in %s", GIFT_LOG_STEP2, lg);
+        file_write(lg, glog, llen);
+        refused_at("has format 99", 0, 1, __LINE__);
+        free(glog);
+    }
+    free(bad);
+    free(body);
+    free(g0.b);
+    for (size_t i = 0; i < POL_NC; i++)
+        free(k[i]);
+}
+END_TEST
+
+/* A checkpoint of format version 1 (before the policy was persisted) still
+ * loads: its replies come back, and under an active policy its epochs have
+ * the declared treatment (a Geometry without a decision). */
+START_TEST(test_persist_format_v1)
+{
+    uint8_t *k[POL_NC] = {0};
+    size_t l[POL_NC];
+    int f[POL_NC];
+    char why[512];
+    uint8_t *body;
+    size_t len;
+    uint32_t v;
+    geo_bytes_t g;
+
+    persist_open_ok(100, 0);
+    hello_all();
+    DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
+    QUIET_ALL();
+    pol_step(0, E4M3, k, l, f);
+    ck_assert_int_eq(gift_shard_checkpoint_version(S, 1, why, sizeof why), 0);
+    ck_assert_int_eq(gift_ckpt_read(g_dir, &body, &len, &v, why, sizeof why), 1);
+    ck_assert_msg(v == 1, "wrote version %u, wanted 1", v);
+    free(body);
+    ck_assert_msg(gift_shard_checkpoint_version(S, GIFT_CKPT_VERSION + 1, why, sizeof why) < 0,
+                  "wrote an unknown version");
+    /* The log of generation 1 is empty: the checkpoint alone. */
+    persist_open_ok(100, 1);
+    hello_all();
+    DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
+    pol_repull(0, k, l, f);
+    /* The same file under an active policy: declared treatment. */
+    g_policy = GIFT_POLICY_AUTO;
+    g_budget = 4.5;
+    persist_open_ok(100, 1);
+    hello_all();
+    DECLARE_OK(&P[0], POL_T, 1, POL_C, POL_NC);
+    pol_repull(0, k, l, f);
+    geo_take(&g, __LINE__);
+    ck_assert_msg(g.g->push_codec == NULL && g.g->pull_codec == NULL && g.g->transform_rank == 0,
+                  "a version 1 epoch restored with a decision: push %p pull %p rank %u",
+                  (void *)g.g->push_codec, (void *)g.g->pull_codec, g.g->transform_rank);
+    free(g.b);
+    QUIET_ALL();
+    for (size_t i = 0; i < POL_NC; i++)
+        free(k[i]);
+}
+END_TEST
+
 static Suite *checkpoint_suite(void)
 {
     Suite *s = suite_create("checkpoint");
@@ -596,6 +965,9 @@ static Suite *checkpoint_suite(void)
     tcase_add_test(persist, test_persist_geometry_decay);
     tcase_add_test(persist, test_persist_corrupt);
     tcase_add_test(persist, test_persist_group_commit);
+    tcase_add_test(persist, test_persist_policy);
+    tcase_add_test(persist, test_persist_policy_corrupt);
+    tcase_add_test(persist, test_persist_format_v1);
     suite_add_tcase(s, persist);
     return s;
 }

@@ -434,6 +434,12 @@ START_TEST(test_flags)
                       c.max_transform_gflops == 2.5 && c.hits_threshold == 0.01,
                   "policy flags %d %g %g %g", (int)c.policy, c.budget_bits,
                   c.max_transform_gflops, c.hits_threshold);
+    /* A policy with checkpoints: its decisions are persisted (issue 24). */
+    load_ok(&c, L("--policy=auto", "--budget-bits", "6", "--checkpoint-steps", "10"), NULL);
+    ck_assert_msg(c.policy == GIFT_CONFIG_POLICY_AUTO && c.budget_bits == 6.0 &&
+                      c.checkpoint_steps == 10,
+                  "policy %d budget %g checkpoint_steps %d with checkpoints", (int)c.policy,
+                  c.budget_bits, c.checkpoint_steps);
     load_ok(&c,
             L("--port", "9000", "--http-port=9001", "--bind", "::", "--data-dir=/srv/g",
               "--max-connections", "12", "--max-frame-bytes=1G", "--write-queue-bytes", "1M",
@@ -644,11 +650,6 @@ static const struct error_case {
      {"flag --check-config", "takes no value"}},
     {"positional argument", {"serve"}, {0}, NULL, {"unexpected argument 'serve'"}},
     {"lone dash", {"-"}, {0}, NULL, {"unexpected argument '-'"}},
-    {"policy with checkpoints", {"--policy=auto", "--checkpoint-steps", "10"}, {0}, NULL,
-     {"policy auto (flag --policy)", "checkpoint_steps 10 (flag --checkpoint-steps)",
-      "not persisted"}},
-    {"budget with checkpoints (env)", {0}, {"GIFTD_BUDGET_BITS=6", "GIFTD_CHECKPOINT_STEPS=5"},
-     NULL, {"policy all", "budget_bits 6", "checkpoint_steps 5 (env GIFTD_CHECKPOINT_STEPS)"}},
     {"bad policy", {"--policy", "best"}, {0}, NULL,
      {"flag --policy:", "policy", "'best'", "one of all, none, auto, hits"}},
     {"budget out of range (file)", {0}, {0}, "[giftd]\nbudget_bits = 40\n",

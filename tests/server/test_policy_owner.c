@@ -199,10 +199,6 @@ START_TEST(test_bad_options)
     o.max_transform_gflops = -1.0;
     ck_assert_ptr_null(gift_shard_new(&o, &IO));
     o = O;
-    o.budget_bits = 6.0;
-    o.checkpoint_steps = 10; /* decisions are not persisted */
-    ck_assert_ptr_null(gift_shard_new(&o, &IO));
-    o = O;
     o.policy = GIFT_POLICY_AUTO;
     o.budget_bits = 6.0;
     s = gift_shard_new(&o, &IO);
