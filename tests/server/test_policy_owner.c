@@ -76,6 +76,8 @@ START_TEST(test_non_owner_codecs)
     EXPECT_ERROR(&P[1], GIFT_ECODEC, 0);
     push_claim(&P[1], 0, E4M3, 7, -1, f8); /* an fp8 block that is not a codec */
     EXPECT_ERROR(&P[1], GIFT_ECODEC, 0);
+    push_claim(&P[1], 0, E4M3, UINT32_MAX, -1, f8); /* the largest block the wire can say */
+    EXPECT_ERROR(&P[1], GIFT_ECODEC, 0);
     for (int r = 1; r < W; r++) {
         push_claim(&P[r], 0, NVFP4, 0, -1, nv);
         expect_ack(&P[r]);
@@ -102,7 +104,7 @@ START_TEST(test_non_owner_codecs)
     ck_assert_msg(s->env->pull_reply->codec->format == NVFP4 && s->len == nv,
                   "reply codec %d, %zu bytes; want nvfp4, %zu bytes",
                   (int)s->env->pull_reply->codec->format, s->len, nv);
-    EXPECT_ERRORS(2, GIFT_ECODEC, 5, GIFT_ESHAPE, 1);
+    EXPECT_ERRORS(2, GIFT_ECODEC, 6, GIFT_ESHAPE, 1);
     QUIET_ALL();
 }
 END_TEST

@@ -2266,6 +2266,20 @@ START_TEST(test_reset)
     e = EXPECT_ERROR(&P[5], GIFT_ERUNID, 1);
     ck_assert_msg(e->seq == 7 && strstr(e->text, "holds run 'run-a', not run 'run-b'") &&
                       strstr(e->text, "nothing changed"), "seq %" PRIu64 ", text: %s", e->seq, e->text);
+    /* A run id one byte past the bound: refused before it is compared or kept. */
+    {
+        char longid[64 + 2]; /* the shard's bound is 64 bytes (RUN_ID_MAX) */
+        memset(longid, 'x', sizeof longid - 1);
+        longid[sizeof longid - 1] = '\0';
+        HELLO(&P[6], 0, W);
+        ck_assert_int_eq(reset_raw(&P[6], longid, 1, 8), GIFT_EPROTO);
+        e = EXPECT_ERROR(&P[6], GIFT_EPROTO, 1);
+        ck_assert_msg(strstr(e->text, "run id longer than"), "text: %s", e->text);
+        ck_assert_msg(C()->steps_finished == 1, "a refused reset changed the shard");
+        peer_gone(&P[6]);
+        peer_open(6);
+        P[6].gone = P[6].closed = 0;
+    }
     HELLO(&P[6], 0, W);
     ck_assert_int_eq(reset_raw(&P[6], "run-a", 0, 8), GIFT_EBUSY);
     e = EXPECT_ERROR(&P[6], GIFT_EBUSY, 1);
