@@ -13,10 +13,12 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "giftclient_internal.h"
@@ -159,6 +161,46 @@ void gift_client_stats(gift_client_t *c, gift_client_stats_t *out)
     out->reconnects = __atomic_load_n(&c->st.reconnects, __ATOMIC_RELAXED);
     out->replays = __atomic_load_n(&c->st.replays, __ATOMIC_RELAXED);
     out->epochs_switched = __atomic_load_n(&c->st.epochs_switched, __ATOMIC_RELAXED);
+}
+
+static const char *const pass_names[GIFT_PASS_KINDS] = {
+    [GIFT_PASS_ENCODE] = "encode",     [GIFT_PASS_DECODE] = "decode",
+    [GIFT_PASS_ACCUMULATE] = "accumulate", [GIFT_PASS_FUSED] = "fused",
+    [GIFT_PASS_COPY] = "copy",         [GIFT_PASS_CHECK] = "check",
+    [GIFT_PASS_RESIDUAL] = "residual", [GIFT_PASS_TRANSFORM] = "transform",
+};
+
+const char *gift_pass_name(int kind)
+{
+    return kind >= 0 && kind < GIFT_PASS_KINDS ? pass_names[kind] : NULL;
+}
+
+/* The first release's size: every later field is filled only when the
+ * caller's struct has room for it. */
+#define GIFT__COUNTERS_V1 sizeof(gift_client_counters_t)
+
+int gift_client_counters(gift_client_t *c, gift_client_counters_t *out)
+{
+    gift_client_counters_t v;
+    size_t size;
+    if (c == NULL || out == NULL || out->size < GIFT__COUNTERS_V1)
+        return GIFT_EINVAL;
+    size = out->size;
+    memset(&v, 0, sizeof v);
+    v.size = sizeof v;
+    if (c->thread_started) {
+        clockid_t cid;
+        struct timespec ts;
+        if (pthread_getcpuclockid(c->thread, &cid) == 0 && clock_gettime(cid, &ts) == 0)
+            v.io_cpu_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    }
+    v.payload_out = __atomic_load_n(&c->payload_out, __ATOMIC_RELAXED);
+    v.payload_in = __atomic_load_n(&c->payload_in, __ATOMIC_RELAXED);
+    for (int k = 0; k < GIFT_PASS_KINDS; k++)
+        v.pass_bytes[k] = __atomic_load_n(&c->pass_bytes[k], __ATOMIC_RELAXED);
+    memcpy(out, &v, size < sizeof v ? size : sizeof v);
+    out->size = size;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ */

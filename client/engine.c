@@ -324,6 +324,7 @@ add:
         return 1;
     }
     memcpy(ps->asmb + m->off, r->in, m->n * sizeof(float));
+    GIFT__PASS(c, GIFT_PASS_COPY, m->n);
     ps->pushed[m->index] = 1;
     if (++ps->npushed == w->nmembers)
         encode_send(c, w, ps, ps->asmb);
@@ -349,6 +350,7 @@ static int try_pull(gift_client_t *c, gift__req_t *r)
     }
     if (fused && pl->state == GIFT__PL_READY && pl->step == r->step) {
         memcpy(r->out, pl->mean + m->off, m->n * sizeof(float));
+        GIFT__PASS(c, GIFT_PASS_COPY, m->n);
         req_finish(c, r, 0);
         return 1;
     }
@@ -382,10 +384,14 @@ static void pull_complete(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
         const gift__member_t *m = &c->mem[r->id];
         list_remove(r);
         if (rc == 0) {
-            if (fused)
+            if (fused) {
                 memcpy(r->out, pl->mean + m->off, m->n * sizeof(float));
-            else if (r->out != pl->target)
+                GIFT__PASS(c, GIFT_PASS_COPY, m->n);
+            } else if (r->out != pl->target) {
                 rc1 = w->path->copy(w, r->out, pl->target, w->n);
+                if (w->path == &gift__host_path)
+                    GIFT__PASS(c, GIFT_PASS_COPY, w->n);
+            }
         }
         req_finish(c, r, rc < 0 ? rc : rc1);
         rc1 = 0;

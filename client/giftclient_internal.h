@@ -378,6 +378,9 @@ struct gift_client {
     gift__net_t *net;
     const gift__io_t *io; /* the network, as the engine sees it */
     gift_client_stats_t st; /* atomic counters */
+    /* Atomic: gift_client_counters (the I/O thread's CPU time is read then). */
+    uint64_t payload_out, payload_in;
+    uint64_t pass_bytes[GIFT_PASS_KINDS];
     /* I/O thread. */
     gift__conn_t *conns;
     struct gift_op *ops; /* in flight */
@@ -430,6 +433,10 @@ static inline gift__geo_t *gift__geo_by_epoch(gift__wire_t *w, uint32_t e)
 
 /* Counters (any thread). */
 #define GIFT__STAT_ADD(c, field, v) __atomic_fetch_add(&(c)->st.field, (v), __ATOMIC_RELAXED)
+/* A pass of kind over n elements (gift_client_counters_t.pass_bytes). */
+#define GIFT__PASS(c, kind, n)                                                                   \
+    __atomic_fetch_add(&(c)->pass_bytes[(kind)], (uint64_t)(n) * 4u, __ATOMIC_RELAXED)
+#define GIFT__PAYLOAD_ADD(c, field, v) __atomic_fetch_add(&(c)->field, (v), __ATOMIC_RELAXED)
 
 /* Chunk j of wire w. */
 static inline gift__chunk_t *gift__chunk_of(gift_client_t *c, const gift__wire_t *w, uint32_t j)

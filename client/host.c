@@ -38,8 +38,8 @@ static void stop_encoding(gift_client_t *c, gift__wire_t *w)
  * rounding, an fp8 block over 4096), into the push's scratch. After a failed
  * encode the chunk's residual is unspecified (all zeros after a non-finite
  * input on the one-pass path). Returns 0 or the encode's error. */
-static int encode_ef(gift__wire_t *w, gift__pstate_t *ps, const gift_codec_params_t *cp,
-                     const gift__chunk_t *ch, uint8_t *pay)
+static int encode_ef(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
+                     const gift_codec_params_t *cp, const gift__chunk_t *ch, uint8_t *pay)
 {
     float *e = w->ef.e + ch->off, *q;
     const float *pc = ps->encp + ch->off;
@@ -47,16 +47,24 @@ static int encode_ef(gift__wire_t *w, gift__pstate_t *ps, const gift_codec_param
 
     if (!cp->stochastic)
         rc = gift_encode_mean_ef(cp, pc, ch->n, 1.0f, e, pay, gift__ps_push_len(ps, ch));
-    if (rc != GIFT_EFORMAT)
+    if (rc != GIFT_EFORMAT) {
+        GIFT__PASS(c, GIFT_PASS_RESIDUAL, ch->n); /* encode and residual in one walk */
         return rc;
+    }
     q = (w->nmembers > 1 ? ps->asmb : w->p) + ch->off;
-    if (q != pc)
+    if (q != pc) {
         memcpy(q, pc, ch->n * sizeof(float));
+        GIFT__PASS(c, GIFT_PASS_COPY, ch->n);
+    }
     gift_vec_add(q, e, ch->n);
+    GIFT__PASS(c, GIFT_PASS_RESIDUAL, ch->n);
+    GIFT__PASS(c, GIFT_PASS_ENCODE, ch->n);
+    GIFT__PASS(c, GIFT_PASS_DECODE, ch->n);
     if ((rc = gift_encode(cp, q, ch->n, pay, gift__ps_push_len(ps, ch))) < 0 ||
         (rc = gift_decode(cp, pay, gift__ps_push_len(ps, ch), ch->n, e)) < 0)
         return rc;
     gift_vec_sub(q, e, ch->n, e);
+    GIFT__PASS(c, GIFT_PASS_RESIDUAL, ch->n);
     return 0;
 }
 
@@ -90,11 +98,13 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
         cp.sr.key = w->key;
         cp.sr.chunk = ch->idx;
         cp.sr.step = ps->step;
-        if (w->ef_on)
-            rc = encode_ef(w, ps, &cp, ch, pay);
-        else
+        if (w->ef_on) {
+            rc = encode_ef(c, w, ps, &cp, ch, pay);
+        } else {
             rc = gift__backend_cpu()->encode(NULL, &cp, p + ch->off, ch->n, pay,
                                              gift__ps_push_len(ps, ch));
+            GIFT__PASS(c, GIFT_PASS_ENCODE, ch->n);
+        }
         if (rc < 0) {
             stop_encoding(c, w);
             gift__eng_push_fail(c, ps, rc);
@@ -141,6 +151,7 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
         if ((rc = gift__backend_cpu()->transform(NULL, &G->g, 0, src, (int)w->rows, w->p,
                                                  w->work)) < 0)
             return rc;
+        GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
         p = w->p;
     }
     gift__ps_codecs(w, ps, G);
@@ -164,7 +175,7 @@ static void host_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
 static int host_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
                        const gift__chunk_t *ch, const void *payload, size_t len)
 {
-    (void)c;
+    GIFT__PASS(c, GIFT_PASS_DECODE, ch->n);
     return gift__backend_cpu()->decode(NULL, gift__pull_codec(w, pl->epoch), payload, len, ch->n,
                                        pl->target + ch->off);
 }
@@ -190,6 +201,7 @@ static int host_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
         return GIFT_EEPOCH;
     if (G->g.identity)
         return 0;
+    GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
     return gift__backend_cpu()->transform(NULL, &G->g, 1, pl->target, (int)w->rows, pl->target,
                                           w->work);
 }

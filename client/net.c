@@ -172,6 +172,7 @@ static void queue_commit(gift_client_t *c, uconn_t *u, size_t head_len)
         (*(int *)it->ref)++;
     GIFT__STAT_ADD(c, frames_out, 1);
     GIFT__STAT_ADD(c, bytes_out, head_len + it->len);
+    GIFT__PAYLOAD_ADD(c, payload_out, it->len);
 }
 
 static int net_queue(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
@@ -314,6 +315,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         GIFT__STAT_ADD(c, bytes_in,
                        GIFT_PREAMBLE_BYTES + f.header_len +
                            f.payload_len);
+        GIFT__PAYLOAD_ADD(c, payload_in, f.payload_len);
         if (gift__eng_frame(c, u->shard, &f) < 0) {
             conn_drop(u);
             return;

@@ -7,6 +7,10 @@
 
 #include "aggregate.h"
 #include "gift_error.h"
+#include "shard.h"
+
+/* One walk of kind over ch's elements. */
+#define PASS(pass, kind, ch) ((pass)[(kind)] += 4u * (uint64_t)(ch)->n)
 
 /* The pull residual for a step of epoch: zeroed when it belongs to another. */
 static void pres_for_epoch(chunk_t *ch, uint32_t epoch)
@@ -25,14 +29,21 @@ static void pres_for_epoch(chunk_t *ch, uint32_t epoch)
  * hits (hits: they read v from acc), or for an fp8 block the slices cannot
  * walk, the same arithmetic in passes over acc, which ends holding v. On an
  * encode error (an overflowed mean) the residual is dropped (zeroed). */
-static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv, int hits)
+static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv, int hits,
+                          uint64_t *pass)
 {
     float *acc = sl->acc, *e = ch->pres;
     int rc;
     pres_for_epoch(ch, sl->epoch < 0 ? 0 : (uint32_t)sl->epoch);
     if (!hits && (rc = gift_encode_mean_ef(&sl->pull, acc, ch->n, inv, e, r->buf->data,
-                                           r->buf->cap)) != GIFT_EFORMAT)
+                                           r->buf->cap)) != GIFT_EFORMAT) {
+        PASS(pass, GIFT_SPASS_ENCODE, ch); /* scale, residual and encode in one walk */
         return rc;
+    }
+    PASS(pass, GIFT_SPASS_SCALE, ch);
+    PASS(pass, GIFT_SPASS_ENCODE, ch);
+    PASS(pass, GIFT_SPASS_RESIDUAL, ch); /* its decode */
+    PASS(pass, GIFT_SPASS_RESIDUAL, ch); /* v - decode */
     for (size_t i = 0; i < ch->n; i++)
         acc[i] = (acc[i] * inv + 0.0f) + e[i];
     if ((rc = gift_encode(&sl->pull, acc, ch->n, r->buf->data, r->buf->cap)) < 0 ||
@@ -68,7 +79,8 @@ static int reply_writable(chunk_t *ch, reply_t *r)
  * layouts it cannot walk (GIFT_EFORMAT: the two-step path). Returns 0 or the
  * payload's error. */
 static int add_in_order(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uint64_t step,
-                        uint32_t epoch, int now, const uint8_t *payload, size_t len)
+                        uint32_t epoch, int now, const uint8_t *payload, size_t len,
+                        uint64_t *pass)
 {
     const gift_codec_params_t *cp = &sl->push;
     if (now && sl->next + 1 == world && !hits) {
@@ -93,36 +105,42 @@ static int add_in_order(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uint6
             if (rc == GIFT_EBADCODE)
                 return rc; /* the payload: refused, as a decode would */
             if (rc != GIFT_EFORMAT) {
+                PASS(pass, GIFT_SPASS_FUSED, ch);
                 sl->fused = 1;
                 sl->fused_rc = rc; /* 0, or the encode's (an overflowed mean) */
                 return 0;
             }
         }
     }
-    if (sl->next == 0)
+    if (sl->next == 0) {
+        PASS(pass, GIFT_SPASS_DECODE, ch);
         return gift_decode(cp, payload, len, ch->n, sl->acc);
+    }
+    PASS(pass, GIFT_SPASS_ACCUMULATE, ch);
     return gift_decode_acc(cp, payload, len, ch->n, sl->acc);
 }
 
 int gift__agg_ordered_add(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uint64_t step,
                           uint32_t epoch, int now, uint32_t rank, const uint8_t *payload,
-                          size_t len)
+                          size_t len, uint64_t *pass)
 {
     const gift_codec_params_t *cp = &sl->push;
     int rc;
     if (rank != sl->next) {
+        PASS(pass, GIFT_SPASS_CHECK, ch);
         if ((rc = gift_payload_check(cp, payload, len, ch->n)) < 0)
             return rc;
+        PASS(pass, GIFT_SPASS_COPY, ch);
         memcpy(sl->pay + (size_t)rank * ch->pay_stride, payload, len);
         return 0;
     }
-    if ((rc = add_in_order(ch, sl, world, hits, step, epoch, now, payload, len)) < 0)
+    if ((rc = add_in_order(ch, sl, world, hits, step, epoch, now, payload, len, pass)) < 0)
         return rc;
     sl->next++;
     while (sl->next < world && bit_get(sl->ranks, sl->next)) {
         /* Validated when it arrived. */
         rc = add_in_order(ch, sl, world, hits, step, epoch, now,
-                          sl->pay + (size_t)sl->next * ch->pay_stride, sl->push_len);
+                          sl->pay + (size_t)sl->next * ch->pay_stride, sl->push_len, pass);
         if (rc < 0)
             return rc;
         sl->next++;
@@ -130,7 +148,8 @@ int gift__agg_ordered_add(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uin
     return 0;
 }
 
-int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits)
+int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits,
+                   uint64_t *pass)
 {
     const float inv = 1.0f / (float)world;
 
@@ -146,8 +165,10 @@ int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits
     if (r->buf->refs > 1)
         return GIFT_ENOMEM;
     if (ch->pres != NULL)
-        return encode_mean_ef(ch, sl, r, inv, hits);
+        return encode_mean_ef(ch, sl, r, inv, hits, pass);
+    PASS(pass, GIFT_SPASS_ENCODE, ch);
     if (hits) {
+        PASS(pass, GIFT_SPASS_SCALE, ch);
         for (size_t i = 0; i < ch->n; i++)
             sl->acc[i] = sl->acc[i] * inv + 0.0f;
         return gift_encode(&sl->pull, sl->acc, ch->n, r->buf->data, r->buf->cap);

@@ -8,7 +8,9 @@
  * the mean's encoding where the layout allows it (the same bytes, one pass
  * less). The shard (shard.c) decides which step a push belongs to and when
  * a step is finished; these functions only compute, and touch nothing but
- * the chunk, slot and reply they are given. No errors are logged here.
+ * the chunk, slot and reply they are given, and count their walks over the
+ * elements in pass (gift_shard_counters_t.pass_bytes). No errors are
+ * logged here.
  */
 #ifndef GIFT_AGGREGATE_H
 #define GIFT_AGGREGATE_H
@@ -26,7 +28,7 @@
  * Returns 0, or the decode error (nothing kept). */
 int gift__agg_ordered_add(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uint64_t step,
                           uint32_t epoch, int now, uint32_t rank, const uint8_t *payload,
-                          size_t len);
+                          size_t len, uint64_t *pass);
 
 /* Encodes the mean of the finished step in sl (all world pushes summed)
  * into the step's reply r: taken from the fused last add when there was
@@ -34,6 +36,7 @@ int gift__agg_ordered_add(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uin
  * hits the mean is left in acc for the boundary-hit count). A reply buffer
  * still held by writes of an older step is replaced first. Returns 0, or
  * GIFT_ENOMEM (no buffer) or the encode's error (an overflowed mean). */
-int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits);
+int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits,
+                   uint64_t *pass);
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gift_codec.h"
@@ -113,7 +114,35 @@ static int render_traffic(const gift_shard_counters_t *c, gift_str_t *out)
           "giftd_payload_frames_total{direction=\"out\",codec=\"%s\"} %llu\n",
           gift_format_name((gift_format_t)f), (unsigned long long)c->push_frames_in[f],
           gift_format_name((gift_format_t)f), (unsigned long long)c->pull_frames_out[f]);
+    P("# HELP giftd_pass_bytes_total Walks of the shard's code over chunk elements, 4 bytes per "
+      "element per walk, by kind: divided by the FP32 bytes pushed, the passes the data took.\n"
+      "# TYPE giftd_pass_bytes_total counter\n");
+    for (int k = 0; k < GIFT_SPASS_KINDS; k++)
+        P("giftd_pass_bytes_total{pass=\"%s\"} %llu\n", gift_shard_pass_name(k),
+          (unsigned long long)c->pass_bytes[k]);
+    {
+        struct timespec ts;
+        double cpu = clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0
+                         ? (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec
+                         : 0.0;
+        P("# HELP process_cpu_seconds_total User and system CPU time of giftd, all threads.\n"
+          "# TYPE process_cpu_seconds_total counter\n"
+          "process_cpu_seconds_total %.6f\n",
+          cpu);
+    }
     return 0;
+}
+
+static const char *const spass_names[GIFT_SPASS_KINDS] = {
+    [GIFT_SPASS_DECODE] = "decode", [GIFT_SPASS_ACCUMULATE] = "accumulate",
+    [GIFT_SPASS_FUSED] = "fused",   [GIFT_SPASS_ENCODE] = "encode",
+    [GIFT_SPASS_COPY] = "copy",     [GIFT_SPASS_CHECK] = "check",
+    [GIFT_SPASS_RESIDUAL] = "residual", [GIFT_SPASS_SCALE] = "scale",
+};
+
+const char *gift_shard_pass_name(int kind)
+{
+    return kind >= 0 && kind < GIFT_SPASS_KINDS ? spass_names[kind] : NULL;
 }
 
 /* Pushes, pulls, sketches, steps, stalls, epochs and the step latency histogram. */

@@ -637,7 +637,8 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
 
         /* On hits steps and those whose mean the policy keeps, acc ends holding it. */
         rc = gift__agg_mean(ch, sl, r, s->world,
-                            hits_step(s, step) || gift__pol_wants_mean(ch, step));
+                            hits_step(s, step) || gift__pol_wants_mean(ch, step),
+                            s->c.pass_bytes);
         r->pull = sl->pull;
         r->buf->len = r->len = sl->pull_len;
         r->err = rc < 0 ? rc : 0;
@@ -649,6 +650,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
                      t->key, ch->id, step, gift_strerror(rc));
         if (rc == 0 && hits_step(s, step)) {
             gift_hits_t h;
+            s->c.pass_bytes[GIFT_SPASS_CHECK] += 4u * (uint64_t)ch->n;
             if (gift_boundary_hits(&r->pull, sl->acc, r->buf->data, r->buf->cap, ch->n, &h) == 0 &&
                 h.n > 0) {
                 t->hit_rate = (double)(h.saturated + h.flushed) / (double)h.n;
@@ -708,8 +710,7 @@ static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, 
 {
     return gift__agg_ordered_add(ch, sl, s->world,
                                  hits_step(s, step) || gift__pol_wants_mean(ch, step), step,
-                                 epoch, now, rank,
-                                 payload, len);
+                                 epoch, now, rank, payload, len, s->c.pass_bytes);
 }
 
 static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, const gift_frame_t *f)
@@ -802,6 +803,9 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                 rc = gift_decode(&sl->push, f->payload, f->payload_len, ch->n, sl->acc);
             else
                 rc = gift_decode_acc(&sl->push, f->payload, f->payload_len, ch->n, sl->acc);
+            if (s->o.aggregate != GIFT_SHARD_ORDERED)
+                s->c.pass_bytes[sl->count == 0 ? GIFT_SPASS_DECODE : GIFT_SPASS_ACCUMULATE] +=
+                    4u * (uint64_t)ch->n;
             if (rc < 0) {
                 send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
                            "push payload rejected: %s", gift_strerror(rc));

@@ -142,6 +142,22 @@ uint64_t gift_shard_memory_default(void);
 /* The bytes the declared store takes (0 before a Declare). */
 uint64_t gift_shard_memory_committed(const gift_shard_t *s);
 
+/* Passes of the shard's own code over a chunk's elements, by kind
+ * (gift_shard_counters_t.pass_bytes: 4 bytes per element each time one
+ * runs; /metrics giftd_pass_bytes_total{pass=NAME}, gift_shard_pass_name). */
+enum {
+    GIFT_SPASS_DECODE,     /* a step's first push decoded into the sum */
+    GIFT_SPASS_ACCUMULATE, /* a push decoded and added */
+    GIFT_SPASS_FUSED,      /* the last push decoded, averaged and encoded in one walk */
+    GIFT_SPASS_ENCODE,     /* the mean scaled and encoded */
+    GIFT_SPASS_COPY,       /* an out-of-order push kept (ordered aggregation) */
+    GIFT_SPASS_CHECK,      /* a payload checked without decoding; a boundary-hit count */
+    GIFT_SPASS_RESIDUAL,   /* pull error feedback's extra walks */
+    GIFT_SPASS_SCALE,      /* the mean materialised in the sum (hits, policy) */
+    GIFT_SPASS_KINDS
+};
+const char *gift_shard_pass_name(int kind);
+
 /* Counters for /metrics and Stats. Codec-indexed arrays use gift_format_t. */
 #define GIFT_LAT_BUCKETS 12
 typedef struct gift_shard_counters {
@@ -149,6 +165,7 @@ typedef struct gift_shard_counters {
     uint64_t push_bytes_in[5], pull_bytes_out[5];   /* payload bytes, by codec */
     uint64_t push_frames_in[5], pull_frames_out[5]; /* counted pushes / replies, by codec */
     uint64_t pushes, duplicates, pulls, sketches, steps_finished, epochs_published;
+    uint64_t pass_bytes[GIFT_SPASS_KINDS];
     uint64_t stalls; /* chunk steps that waited past stall_warn */
     /* Persistence. */
     uint64_t checkpoints, checkpoint_failures, log_records, log_bytes, log_failures;

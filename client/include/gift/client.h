@@ -275,6 +275,37 @@ typedef struct gift_client_stats {
 } gift_client_stats_t;
 void gift_client_stats(gift_client_t *c, gift_client_stats_t *out);
 
+/* What this client's work costs per byte (for benchmarks and capacity
+ * planning). A pass is one walk of user-space code over a chunk's elements:
+ * pass_bytes[kind] adds 4 bytes per element each time a pass of that kind
+ * runs, so pass_bytes summed over kinds, over the FP32 bytes pushed, is the
+ * number of passes the data took. Passes the kernel makes (socket copies)
+ * and passes on a GPU are not counted. */
+enum {
+    GIFT_PASS_ENCODE,     /* encode into a payload (f32: a checked copy) */
+    GIFT_PASS_DECODE,     /* decode a payload (f32: a checked copy) */
+    GIFT_PASS_ACCUMULATE, /* decode and add into a sum (shard) */
+    GIFT_PASS_FUSED,      /* decode, average and encode the reply in one walk (shard) */
+    GIFT_PASS_COPY,       /* a plain copy (buckets, out-of-order pushes, copies out) */
+    GIFT_PASS_CHECK,      /* a read-only NaN/Inf check where no copy was made */
+    GIFT_PASS_RESIDUAL,   /* error feedback: residual added, updated or both */
+    GIFT_PASS_TRANSFORM,  /* the GIFT transform or its inverse */
+    GIFT_PASS_KINDS
+};
+/* "encode", "decode", ...; NULL for a kind out of range. */
+const char *gift_pass_name(int kind);
+
+typedef struct gift_client_counters {
+    size_t size;                 /* sizeof(gift_client_counters_t), set by the caller */
+    uint64_t io_cpu_ns;          /* CPU time of the client's I/O thread, user + system */
+    uint64_t payload_out;        /* push and sketch payload bytes written (headers not) */
+    uint64_t payload_in;         /* pull reply and geometry payload bytes read */
+    uint64_t pass_bytes[GIFT_PASS_KINDS];
+} gift_client_counters_t;
+/* Fills *out (up to out->size bytes). Returns 0, or GIFT_EINVAL (NULL, or a
+ * size below that of the first release of this struct). */
+int gift_client_counters(gift_client_t *c, gift_client_counters_t *out);
+
 #ifdef __cplusplus
 }
 #endif
