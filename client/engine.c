@@ -151,6 +151,38 @@ static void detach(gift_client_t *c, gift__req_t *r)
     gift__send_pull_chunks(c, w, pl);
 }
 
+/* A failed op's push was sent from the caller's grad (ps->zc_user), which
+ * the caller may reuse once the op completes: its chunks are copied into the
+ * push's own payload, where a replay after a reconnect finds them, and the
+ * connections still writing from grad are dropped (closing a libuv stream
+ * cancels its pending writes; what reached a shard is a truncated frame,
+ * which it discards). */
+static void zc_release(gift_client_t *c, gift_op_t *op)
+{
+    for (int i = 0; i < op->nreq; i++) {
+        gift__req_t *r = &op->req[i];
+        gift__wire_t *w;
+        gift__pstate_t *ps;
+        if (r->kind != GIFT__REQ_PUSH)
+            continue;
+        w = wire_of(c, r);
+        ps = &w->ps[r->step & 1];
+        if (ps->zc == NULL || !ps->zc_user || ps->zc != r->in || ps->step != r->step)
+            continue;
+        for (uint32_t j = 0; j < ps->nenc; j++) {
+            const gift__chunk_t *ch = gift__chunk_of(c, w, j);
+            if (gift__zc_chunk(ps, ch)) {
+                memcpy(ps->payload + ch->push_off, ps->zc + ch->off, (size_t)ch->n * 4u);
+                GIFT__PASS(c, GIFT_PASS_COPY, ch->n);
+            }
+        }
+        ps->zc = NULL;
+        if (ps->inflight > 0)
+            for (uint32_t j = 0; j < w->nchunks; j++)
+                c->io->drop(c, gift__chunk_of(c, w, j)->shard);
+    }
+}
+
 /* Finishes request r with rc. A failure fails the other half of a push_pull
  * too; the operation completes when both halves have finished. */
 static void req_finish(gift_client_t *c, gift__req_t *r, int rc)
@@ -185,6 +217,7 @@ static void req_finish(gift_client_t *c, gift__req_t *r, int rc)
              * the GPU may still read grad or write out; wait for it. */
             gift__wire_t *w = wire_of(c, r);
             w->path->quiesce(c, w);
+            zc_release(c, op);
         }
         if (op->prev)
             op->prev->next = op->next;
@@ -207,7 +240,7 @@ static void finish_all(gift_client_t *c, gift__list_t *l, int rc)
 static void fail_ps(gift_client_t *c, gift__pstate_t *ps, int rc)
 {
     ps->state = GIFT__PS_IDLE;
-    ps->need_replay = 0;
+    ps->need_replay = 0; /* ps->zc stays for zc_release: writes may still read grad */
     finish_all(c, &ps->reqs, rc);
     c->rescan = 1;
 }
@@ -309,6 +342,12 @@ static int try_push(gift_client_t *c, gift__req_t *r)
     }
     if (ps->inflight > 0) /* a failed push's chunks still being written from payload */
         return 0;
+    /* The caller's grad may be sent from where it is when this op keeps it
+     * unchanged until the step's pull completes (gift__pstate_t.zc). */
+    ps->zc_ok = !fused && r->op != NULL && r->op->nreq == 2 &&
+                r->op->req[1].kind == GIFT__REQ_PULL && r->op->req[1].step == r->step &&
+                ((uintptr_t)(r->op->req[1].out + w->n) <= (uintptr_t)r->in ||
+                 (uintptr_t)(r->in + w->n) <= (uintptr_t)r->op->req[1].out);
     ps->state = GIFT__PS_ASSEMBLING;
     ps->step = r->step;
     ps->need_replay = 0;
@@ -376,8 +415,10 @@ static void pull_complete(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
 
     if (rc == 0)
         rc = w->path->finish(c, w, pl);
-    if (ps->state != GIFT__PS_IDLE && ps->step == pl->step)
+    if (ps->state != GIFT__PS_IDLE && ps->step == pl->step) {
         ps->need_replay = 0;
+        ps->zc = NULL; /* nothing is replayed from it any more */
+    }
     pl->state = (rc == 0 && fused) ? GIFT__PL_READY : GIFT__PL_IDLE;
     while (pl->reqs.head != NULL) {
         gift__req_t *r = pl->reqs.head;

@@ -171,6 +171,14 @@ typedef struct gift__pstate {
     const float *encp; /* while encoding: the transformed gradient (+ residual) */
     uint8_t *payload;  /* every chunk's encoded payload, 64-aligned */
     float *asmb;       /* fused: the assembled gradient */
+    /* f32 chunks whose payload is their elements exactly are sent from here,
+     * checked but not copied (gift__ps_chunk_payload): asmb, or the caller's
+     * grad (zc_user) when its op keeps grad unchanged until the step's pull
+     * completes (a push_pull whose out does not overlap grad). NULL: every
+     * chunk is sent from payload. zc_ok: the engine allows the caller's grad
+     * for the push being started. */
+    const float *zc;
+    int zc_user, zc_ok;
     gift__list_t reqs;
 } gift__pstate_t;
 
@@ -420,6 +428,22 @@ static inline size_t gift__ps_push_len(const gift__pstate_t *ps, const gift__chu
     if (!ps->tr || gift_layout(&ps->push, ch->n, &l) < 0)
         return ch->push_l.total;
     return l.total;
+}
+
+/* Whether chunk ch of ps goes out from ps->zc: f32, its payload exactly its
+ * elements (no padding to send). */
+static inline int gift__zc_chunk(const gift__pstate_t *ps, const gift__chunk_t *ch)
+{
+    return ps->push.fmt == GIFT_FMT_F32 && gift__ps_push_len(ps, ch) == (size_t)ch->n * 4u;
+}
+
+/* Chunk ch's push payload. */
+static inline const uint8_t *gift__ps_chunk_payload(const gift__pstate_t *ps,
+                                                    const gift__chunk_t *ch)
+{
+    if (ps->zc != NULL && gift__zc_chunk(ps, ch))
+        return (const uint8_t *)(ps->zc + ch->off);
+    return ps->payload + ch->push_off;
 }
 
 /* The geometry slot of w holding epoch e, or NULL. */

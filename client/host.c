@@ -100,6 +100,12 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
         cp.sr.step = ps->step;
         if (w->ef_on) {
             rc = encode_ef(c, w, ps, &cp, ch, pay);
+        } else if (ps->zc != NULL && gift__zc_chunk(ps, ch)) {
+            /* Sent from where it is: only f32 encode's check of it. */
+            rc = gift_payload_check(&cp, ps->zc + ch->off, (size_t)ch->n * 4u, ch->n) < 0
+                     ? GIFT_ENONFINITE
+                     : 0;
+            GIFT__PASS(c, GIFT_PASS_CHECK, ch->n);
         } else {
             rc = gift__backend_cpu()->encode(NULL, &cp, p + ch->off, ch->n, pay,
                                              gift__ps_push_len(ps, ch));
@@ -155,6 +161,13 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
         p = w->p;
     }
     gift__ps_codecs(w, ps, G);
+    ps->zc = NULL;
+    ps->zc_user = 0;
+    if (p == src && !w->ef_on && ps->push.fmt == GIFT_FMT_F32 &&
+        (src == ps->asmb || ps->zc_ok)) {
+        ps->zc = src;
+        ps->zc_user = src != ps->asmb;
+    }
     if (w->ef_on && w->ef.epoch != epoch) { /* the residual is added as each chunk encodes */
         gift__geo_t *old = gift__geo_by_epoch(w, w->ef.epoch);
         if (old == NULL || G == NULL || gift_ef_rebase(&w->ef, &old->g, &G->g, w->work) < 0)

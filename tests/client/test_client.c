@@ -1344,6 +1344,137 @@ START_TEST(test_nonfinite)
 }
 END_TEST
 
+/* Counter deltas of one operation. */
+static void counters(gift_client_t *c, gift_client_counters_t *k)
+{
+    memset(k, 0, sizeof *k);
+    k->size = sizeof *k;
+    ck_assert_int_eq(gift_client_counters(c, k), 0);
+}
+
+#define PASS_D(a, b, kind) ((b).pass_bytes[kind] - (a).pass_bytes[kind])
+
+/* An f32 push_pull whose out is not its grad sends grad from where it is
+ * (checked, not copied); in place it is copied first; a NaN found by the
+ * check fails the push and a clean retry of the step still completes; a
+ * timed-out op's grad is copied into the push's own buffer before the op
+ * completes. Counted in gift_client_counters. */
+START_TEST(test_zero_copy)
+{
+    enum { ROWS = 2048, COLS = 1024 }; /* 8 MiB of FP32: 8 chunks of 1 MiB */
+    gift_client_opts_t o = GIFT_CLIENT_OPTS_INIT;
+    gift_tensor_desc_t t = GIFT_TENSOR_INIT;
+    gift_client_t *c = NULL;
+    gift_op_t *op = NULL;
+    size_t n = (size_t)ROWS * COLS, nb = n * sizeof(float);
+    float *g = malloc(nb), *out = malloc(nb), *keep = malloc(nb);
+    gift_client_counters_t k0, k1;
+    char servers[64];
+    int rc;
+
+    ck_assert(g != NULL && out != NULL && keep != NULL);
+    ck_assert_str_eq(gift_pass_name(GIFT_PASS_ENCODE), "encode");
+    ck_assert_str_eq(gift_pass_name(GIFT_PASS_TRANSFORM), "transform");
+    ck_assert_ptr_null(gift_pass_name(GIFT_PASS_KINDS));
+    ck_assert_ptr_null(gift_pass_name(-1));
+    daemons_start(1, 1);
+    servers_string(servers, sizeof servers);
+    o.servers = servers;
+    o.rank = 0;
+    o.world_size = 1;
+    o.chunk_bytes = 1u << 20;
+    ck_assert_int_eq(gift_client_open(&o, &c), 0);
+    k0.size = sizeof k0 - 1;
+    ck_assert_int_eq(gift_client_counters(c, &k0), GIFT_EINVAL);
+    t.name = "w";
+    t.rows = ROWS;
+    t.cols = COLS;
+    t.push_codec = GIFT_CODEC_F32;
+    t.pull_codec = GIFT_CODEC_F32;
+    ck_assert_int_eq(gift_declare(c, &t, 1), 0);
+    for (int step = 0; step < 4; step++) {
+        int inplace = step == 2, nan = step == 3;
+        gen(g, n, step, 0, 11, 1.0);
+        memcpy(keep, g, nb);
+        if (nan)
+            g[n - 1] = NAN;
+        counters(c, &k0);
+        rc = gift_push_pull(c, 0, (uint64_t)step, g, inplace ? g : out, NULL, NULL, &op);
+        ck_assert_int_eq(rc, 0);
+        rc = gift_op_wait(op);
+        gift_op_free(op);
+        counters(c, &k1);
+        if (nan) {
+            ck_assert_msg(rc == GIFT_ENONFINITE, "step %d: a NaN in the last chunk: %s", step,
+                          gift_strerror(rc));
+            ck_assert_msg(PASS_D(k0, k1, GIFT_PASS_ENCODE) == 0 &&
+                              PASS_D(k0, k1, GIFT_PASS_CHECK) == nb,
+                          "step %d: encode %llu check %llu bytes, want 0 and %zu", step,
+                          (unsigned long long)PASS_D(k0, k1, GIFT_PASS_ENCODE),
+                          (unsigned long long)PASS_D(k0, k1, GIFT_PASS_CHECK), nb);
+            /* The same step again, clean: the chunks that went out from grad
+             * are acknowledged as duplicates. */
+            memcpy(g, keep, nb);
+            ck_assert_int_eq(gift_push_pull(c, 0, (uint64_t)step, g, out, NULL, NULL, &op), 0);
+            rc = gift_op_wait(op);
+            gift_op_free(op);
+        }
+        ck_assert_msg(rc == 0, "step %d: %s", step, gift_strerror(rc));
+        for (size_t i = 0; i < n; i++)
+            if ((inplace ? g : out)[i] != keep[i])
+                ck_abort_msg("step %d: element %zu is %g, want %g", step, i,
+                             (double)(inplace ? g : out)[i], (double)keep[i]);
+        if (!nan) {
+            uint64_t enc = PASS_D(k0, k1, GIFT_PASS_ENCODE), chk = PASS_D(k0, k1, GIFT_PASS_CHECK);
+            uint64_t dec = PASS_D(k0, k1, GIFT_PASS_DECODE);
+            ck_assert_msg(enc == (inplace ? nb : 0) && chk == (inplace ? 0 : nb) && dec == nb,
+                          "step %d (%s): encode %llu check %llu decode %llu bytes, want %zu %zu "
+                          "%zu",
+                          step, inplace ? "in place" : "out apart", (unsigned long long)enc,
+                          (unsigned long long)chk, (unsigned long long)dec, inplace ? nb : 0,
+                          inplace ? 0 : nb, nb);
+            ck_assert_msg(k1.payload_out - k0.payload_out == nb &&
+                              k1.payload_in - k0.payload_in == nb,
+                          "step %d: payload out %llu in %llu, want %zu each", step,
+                          (unsigned long long)(k1.payload_out - k0.payload_out),
+                          (unsigned long long)(k1.payload_in - k0.payload_in), nb);
+            ck_assert_msg(k1.io_cpu_ns > k0.io_cpu_ns, "step %d: I/O thread CPU %llu -> %llu ns",
+                          step, (unsigned long long)k0.io_cpu_ns,
+                          (unsigned long long)k1.io_cpu_ns);
+        }
+    }
+    gift_client_close(c);
+    daemons_stop();
+
+    /* World 2, rank 1 never comes: the op times out, and grad, sent from
+     * where it was, is copied into the push's buffer before the op completes. */
+    daemons_start(1, 2);
+    servers_string(servers, sizeof servers);
+    o.servers = servers;
+    o.world_size = 2;
+    o.timeout_ms = 300;
+    ck_assert_int_eq(gift_client_open(&o, &c), 0);
+    ck_assert_int_eq(gift_declare(c, &t, 1), 0);
+    gen(g, n, 0, 0, 11, 1.0);
+    counters(c, &k0);
+    ck_assert_int_eq(gift_push_pull(c, 0, 0, g, out, NULL, NULL, &op), 0);
+    rc = gift_op_wait(op);
+    gift_op_free(op);
+    counters(c, &k1);
+    ck_assert_msg(rc == GIFT_ETIMEDOUT, "alone in a world of 2: %s", gift_strerror(rc));
+    ck_assert_msg(PASS_D(k0, k1, GIFT_PASS_COPY) == nb && PASS_D(k0, k1, GIFT_PASS_CHECK) == nb,
+                  "after the timeout: copy %llu check %llu bytes, want %zu each",
+                  (unsigned long long)PASS_D(k0, k1, GIFT_PASS_COPY),
+                  (unsigned long long)PASS_D(k0, k1, GIFT_PASS_CHECK), nb);
+    memset(g, 0xff, nb); /* the caller's to reuse now */
+    gift_client_close(c);
+    daemons_stop();
+    free(g);
+    free(out);
+    free(keep);
+}
+END_TEST
+
 static Suite *client_suite(void)
 {
     Suite *s = suite_create("client");
@@ -1352,6 +1483,7 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_timeout);
     tcase_add_test(tc, test_nonfinite);
+    tcase_add_test(tc, test_zero_copy);
     tcase_add_test(tc, test_ef_exact);
     tcase_add_test(tc, test_frames);
     tcase_add_test(tc, test_acceptance);

@@ -67,6 +67,12 @@ scrape() { # scrape NAME: fetches /metrics into $work/NAME and checks it
 
 scrape idle
 grep -q '^giftd_connections 0$' "$work/idle" || fail "idle: giftd_connections is not 0"
+for pass in decode accumulate fused encode copy check residual scale; do
+    grep -q "^giftd_pass_bytes_total{pass=\"$pass\"} 0\$" "$work/idle" ||
+        fail "idle: no giftd_pass_bytes_total{pass=\"$pass\"} 0"
+done
+grep -Eq '^process_cpu_seconds_total [0-9]+\.[0-9]+$' "$work/idle" ||
+    fail "idle: no process_cpu_seconds_total"
 
 # Traffic: garbage on the protocol port is answered with a fatal Error
 # (GIFT_EBADMAGIC) and the connection is closed. Exactly one preamble's

@@ -1676,7 +1676,9 @@ START_TEST(test_counters)
     const gift_shard_counters_t *c = C();
     uint64_t frames_in0 = c->frames_in, frames_out0 = c->frames_out, bytes_in0 = c->bytes_in;
     size_t plen = layout_total(F32, 0, 7 * 13);
+    uint64_t pass0[GIFT_SPASS_KINDS];
 
+    memcpy(pass0, c->pass_bytes, sizeof pass0);
     for (int r = 0; r < W; r++)
         PUSH_GRAD(&P[r], 0, 0, 0, (uint32_t)r, 0); /* 4 pushes, 1 step */
     PUSH_DUP(&P[1], 0, 0, 0, 1, 0);                /* 1 duplicate */
@@ -1704,6 +1706,22 @@ START_TEST(test_counters)
                       c->bytes_in - bytes_in0 <= 11 * (GIFT_PREAMBLE_BYTES + 40) + 8 * plen,
                   "bytes_in +%" PRIu64 " (payloads %" PRIu64 ")", c->bytes_in - bytes_in0,
                   (uint64_t)(8 * plen));
+    {
+        /* Passes over the 91 elements: step 0 in rank order (a decode, two
+         * adds, and the last push fused with the mean's encoding: no
+         * separate encode); step 1's one push, from rank 1 before rank 0,
+         * checked and kept. Duplicates and refused frames cost none. */
+        const uint64_t e = 4u * 7 * 13;
+        const uint64_t want[GIFT_SPASS_KINDS] = {
+            [GIFT_SPASS_DECODE] = e, [GIFT_SPASS_ACCUMULATE] = 2 * e, [GIFT_SPASS_FUSED] = e,
+            [GIFT_SPASS_CHECK] = e,  [GIFT_SPASS_COPY] = e,
+        };
+        for (int k = 0; k < GIFT_SPASS_KINDS; k++)
+        for (int k = 0; k < GIFT_SPASS_KINDS; k++)
+            ck_assert_msg(c->pass_bytes[k] - pass0[k] == want[k],
+                          "pass %s: %" PRIu64 " bytes, want %" PRIu64, gift_shard_pass_name(k),
+                          c->pass_bytes[k] - pass0[k], want[k]);
+    }
     EXPECT_ERRORS(1, GIFT_ESTEP, 2);
     QUIET_ALL();
 }

@@ -243,7 +243,9 @@ int gift_pull(gift_client_t *c, uint32_t id, uint64_t step, float *out, gift_op_
               gift_op_t **op);
 
 /* Push then pull the same step: the usual call. grad and out may be the
- * same buffer. */
+ * same buffer. When they do not overlap, an f32 push is sent from grad
+ * itself (checked, not copied), which is why grad must stay unchanged until
+ * the whole operation completes; in place it is copied first. */
 int gift_push_pull(gift_client_t *c, uint32_t id, uint64_t step, const float *grad, float *out,
                    gift_op_cb cb, void *arg, gift_op_t **op);
 
