@@ -110,6 +110,7 @@ typedef struct cl_row {
     double goodput[CL_MAX_WORKERS], wire[CL_MAX_WORKERS];
     double goodput_mean, goodput_min, wire_mean, p50_ms, p99_ms;
     double cpu_w[CL_MAX_WORKERS]; /* each worker's CPU seconds per measured step */
+    double measured_s[CL_MAX_WORKERS]; /* each worker's wall time of its measured steps */
     double worker_cpu_ms;         /* their mean, ms per step */
     double shard_cpu_ms;          /* all shards together, ms per step (NAN: not ours) */
     /* Per-byte costs (NAN where not measured). Worker figures pool every
@@ -1436,6 +1437,7 @@ static int run_workers(const cl_opts_t *o, const cl_tensor_t *list, int nt, cl_r
                                  : NAN;
                 r->nsteps = n;
                 r->cpu_w[w] = msg[w].cpu_s / n;
+                r->measured_s[w] = msg[w].measured_s;
                 if (msg[w].have_counters) {
                     r->w_have++;
                     r->w_io_ns += (double)msg[w].io_cpu_ns;
@@ -1696,6 +1698,10 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
         bench_json_arr(&j, "wire_per_worker_gbps");
         for (long w = 0; w < o->workers; w++)
             bench_json_num(&j, NULL, row->wire[w]);
+        bench_json_arr_end(&j);
+        bench_json_arr(&j, "measured_s_per_worker");
+        for (long w = 0; w < o->workers; w++)
+            bench_json_num(&j, NULL, row->measured_s[w]);
         bench_json_arr_end(&j);
         bench_json_arr(&j, "step_s");
         for (int i = 0; i < row->nall; i++)
