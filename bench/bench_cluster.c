@@ -146,14 +146,14 @@ typedef struct cl_msg {
     double cpu_s;        /* this worker's CPU time (all its threads) over the measured steps */
     double shard_cpu_s;  /* rank 0: the shards' CPU time over its measured steps; else NAN */
     /* Per-byte counters over the measured steps (deltas): */
-    uint64_t io_cpu_ns;                    /* the client's I/O thread */
-    uint64_t payload_bytes;                /* payload_out + payload_in */
-    uint64_t pass_bytes[GIFT_PASS_KINDS];  /* the client's, by kind */
-    int have_counters;                     /* gift_client_counters answered both times */
-    int have_shard_metrics;                /* rank 0: every shard's /metrics scraped twice */
-    double smet_cpu_s;                     /* rank 0: process_cpu_seconds_total, all shards */
-    double smet_payload;                   /* rank 0: giftd_payload_bytes_total, in + out */
-    double smet_pass[CL_SPASS_KINDS];      /* rank 0: giftd_pass_bytes_total by kind */
+    uint64_t io_cpu_ns;                   /* the client's I/O thread */
+    uint64_t payload_bytes;               /* payload_out + payload_in */
+    uint64_t pass_bytes[GIFT_PASS_KINDS]; /* the client's, by kind */
+    int have_counters;                    /* gift_client_counters answered both times */
+    int have_shard_metrics;               /* rank 0: every shard's /metrics scraped twice */
+    double smet_cpu_s;                    /* rank 0: process_cpu_seconds_total, all shards */
+    double smet_payload;                  /* rank 0: giftd_payload_bytes_total, in + out */
+    double smet_pass[CL_SPASS_KINDS];     /* rank 0: giftd_pass_bytes_total by kind */
     long probe_n;
     char err[160];
     double step_s[CL_MAX_STEPS];
@@ -912,8 +912,7 @@ static int metrics_scrape(int port, cl_smet_t *m)
     int fd = -1, rc = -1, code = 0, seen = 0;
     double t0 = bench_now();
 
-    if ((buf = malloc(CL_METRICS_MAX + 1)) == NULL ||
-        (fd = socket(AF_INET, SOCK_STREAM, 0)) < 0) {
+    if ((buf = malloc(CL_METRICS_MAX + 1)) == NULL || (fd = socket(AF_INET, SOCK_STREAM, 0)) < 0) {
         fprintf(stderr, "gift-bench: /metrics: no memory or socket\n");
         goto out;
     }
@@ -924,7 +923,8 @@ static int metrics_scrape(int port, cl_smet_t *m)
     a.sin_family = AF_INET;
     a.sin_port = htons((uint16_t)port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0 || write_all(fd, req, sizeof req - 1) < 0) {
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+        write_all(fd, req, sizeof req - 1) < 0) {
         fprintf(stderr, "gift-bench: /metrics on 127.0.0.1:%d: %s\n", port, strerror(errno));
         goto out;
     }
@@ -985,7 +985,8 @@ static int metrics_scrape(int port, cl_smet_t *m)
                 "gift-bench: /metrics on 127.0.0.1:%d lacks %s%s%s (a giftd older than the "
                 "per-byte counters?)\n",
                 port, seen & 1 ? "" : "process_cpu_seconds_total ",
-                seen & 2 ? "" : "giftd_payload_bytes_total ", seen & 4 ? "" : "giftd_pass_bytes_total");
+                seen & 2 ? "" : "giftd_payload_bytes_total ",
+                seen & 4 ? "" : "giftd_pass_bytes_total");
         goto out;
     }
     rc = 0;
@@ -1450,10 +1451,9 @@ static int run_workers(const cl_opts_t *o, const cl_tensor_t *list, int nt, cl_r
                     /* Every worker pushes the whole list each step. */
                     double pushed = (double)o->workers * list_fp32_bytes(list, nt) * n;
 
-                    r->shard_ns_per_payload_byte = msg[w].smet_payload > 0
-                                                       ? 1e9 * msg[w].smet_cpu_s /
-                                                             msg[w].smet_payload
-                                                       : NAN;
+                    r->shard_ns_per_payload_byte =
+                        msg[w].smet_payload > 0 ? 1e9 * msg[w].smet_cpu_s / msg[w].smet_payload
+                                                : NAN;
                     r->shard_passes = 0;
                     for (int k = 0; k < CL_SPASS_KINDS; k++) {
                         r->shard_passes_by_kind[k] = msg[w].smet_pass[k] / pushed;
@@ -1752,8 +1752,8 @@ static const char *passes_by_kind(char *buf, size_t cap, const double *v, int n,
         return "n/a";
     for (int k = 0; k < n && len < cap; k++)
         if (v[k] >= 0.005)
-            len += (size_t)snprintf(buf + len, cap - len, "%s%s %.2f", len ? " " : "", name(k),
-                                    v[k]);
+            len +=
+                (size_t)snprintf(buf + len, cap - len, "%s%s %.2f", len ? " " : "", name(k), v[k]);
     return len ? buf : "-";
 }
 
@@ -1798,17 +1798,14 @@ static void print_costs(const cl_opts_t *o, const cl_row_t *rows, int nrows)
         const cl_row_t *row = &rows[r];
         char a[32], b[32], c[32], d[32], e[32], wk[256], sk[256];
 
-        printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", row->codec->name,
-               row->gift ? "gift" : "euclidean",
-               fmt2(a, sizeof a, row->worker_io_ns_per_payload_byte),
-               fmt2(b, sizeof b, row->worker_io_ns_per_fp32_byte),
-               fmt2(c, sizeof c, row->worker_passes),
-               passes_by_kind(wk, sizeof wk, row->worker_passes_by_kind, GIFT_PASS_KINDS,
-                              cpass_name),
-               fmt2(d, sizeof d, row->shard_ns_per_payload_byte),
-               fmt2(e, sizeof e, row->shard_passes),
-               passes_by_kind(sk, sizeof sk, row->shard_passes_by_kind, CL_SPASS_KINDS,
-                              spass_name));
+        printf(
+            "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", row->codec->name,
+            row->gift ? "gift" : "euclidean", fmt2(a, sizeof a, row->worker_io_ns_per_payload_byte),
+            fmt2(b, sizeof b, row->worker_io_ns_per_fp32_byte),
+            fmt2(c, sizeof c, row->worker_passes),
+            passes_by_kind(wk, sizeof wk, row->worker_passes_by_kind, GIFT_PASS_KINDS, cpass_name),
+            fmt2(d, sizeof d, row->shard_ns_per_payload_byte), fmt2(e, sizeof e, row->shard_passes),
+            passes_by_kind(sk, sizeof sk, row->shard_passes_by_kind, CL_SPASS_KINDS, spass_name));
     }
 }
 
