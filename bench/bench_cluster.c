@@ -1004,9 +1004,15 @@ static int shards_metrics(cl_smet_t *m)
     memset(m, 0, sizeof *m);
     if (cl_nshard_pids == 0)
         return -1;
-    for (int i = 0; i < cl_nshard_pids; i++)
-        if (cl_shard_http[i] <= 0 || metrics_scrape(cl_shard_http[i], m) < 0)
+    for (int i = 0; i < cl_nshard_pids; i++) {
+        if (cl_shard_http[i] <= 0) {
+            fprintf(stderr, "gift-bench: shard %d gave no http_port in its ready line: no "
+                            "shard per-byte costs\n", i);
             return -1;
+        }
+        if (metrics_scrape(cl_shard_http[i], m) < 0)
+            return -1;
+    }
     return 0;
 }
 
