@@ -1006,8 +1006,10 @@ static int shards_metrics(cl_smet_t *m)
         return -1;
     for (int i = 0; i < cl_nshard_pids; i++) {
         if (cl_shard_http[i] <= 0) {
-            fprintf(stderr, "gift-bench: shard %d gave no http_port in its ready line: no "
-                            "shard per-byte costs\n", i);
+            fprintf(stderr,
+                    "gift-bench: shard %d gave no http_port in its ready line: no "
+                    "shard per-byte costs\n",
+                    i);
             return -1;
         }
         if (metrics_scrape(cl_shard_http[i], m) < 0)
