@@ -95,6 +95,12 @@ typedef struct cl_tensor {
     uint32_t rows, cols;
 } cl_tensor_t;
 
+/* The shard's pass kinds, as giftd's /metrics names them
+ * (giftd_pass_bytes_total{pass="..."}); a kind not listed here is ignored. */
+static const char *const cl_spass_names[] = {"decode", "accumulate", "fused",    "encode",
+                                             "copy",   "check",      "residual", "scale"};
+#define CL_SPASS_KINDS ((int)(sizeof(cl_spass_names) / sizeof(cl_spass_names[0])))
+
 /* One table row: a codec under one transform. */
 typedef struct cl_row {
     const cl_codec_t *codec;
@@ -104,8 +110,20 @@ typedef struct cl_row {
     double goodput[CL_MAX_WORKERS], wire[CL_MAX_WORKERS];
     double goodput_mean, goodput_min, wire_mean, p50_ms, p99_ms;
     double cpu_w[CL_MAX_WORKERS]; /* each worker's CPU seconds per measured step */
+    double measured_s[CL_MAX_WORKERS]; /* each worker's wall time of its measured steps */
     double worker_cpu_ms;         /* their mean, ms per step */
     double shard_cpu_ms;          /* all shards together, ms per step (NAN: not ours) */
+    /* Per-byte costs (NAN where not measured). Worker figures pool every
+     * worker: sums of the counters' deltas over their measured steps. */
+    double w_io_ns, w_payload, w_fp32, w_pass[GIFT_PASS_KINDS]; /* sums; w_fp32: list B x steps */
+    int w_have;                                                 /* workers whose counters came */
+    double worker_io_ns_per_payload_byte; /* I/O-thread CPU ns / (payload_out + payload_in) */
+    double worker_io_ns_per_fp32_byte;    /* ... / (2 x list FP32 bytes x steps: push + pull) */
+    double worker_passes;                 /* pass bytes / (list FP32 bytes x steps), per worker */
+    double worker_passes_by_kind[GIFT_PASS_KINDS];
+    double shard_ns_per_payload_byte; /* all shards' process CPU ns / their payload in + out */
+    double shard_passes; /* all shards' pass bytes / (W x list FP32 bytes x steps): pushed */
+    double shard_passes_by_kind[CL_SPASS_KINDS];
     double *steps_all; /* W * nsteps step times, seconds */
     uint32_t switches; /* rank 0's epoch switches over the row */
     int sketched;      /* geometry tensors sketched at step 0 */
@@ -127,6 +145,15 @@ typedef struct cl_msg {
     double p50_s;        /* probe: median push+pull time */
     double cpu_s;        /* this worker's CPU time (all its threads) over the measured steps */
     double shard_cpu_s;  /* rank 0: the shards' CPU time over its measured steps; else NAN */
+    /* Per-byte counters over the measured steps (deltas): */
+    uint64_t io_cpu_ns;                   /* the client's I/O thread */
+    uint64_t payload_bytes;               /* payload_out + payload_in */
+    uint64_t pass_bytes[GIFT_PASS_KINDS]; /* the client's, by kind */
+    int have_counters;                    /* gift_client_counters answered both times */
+    int have_shard_metrics;               /* rank 0: every shard's /metrics scraped twice */
+    double smet_cpu_s;                    /* rank 0: process_cpu_seconds_total, all shards */
+    double smet_payload;                  /* rank 0: giftd_payload_bytes_total, in + out */
+    double smet_pass[CL_SPASS_KINDS];     /* rank 0: giftd_pass_bytes_total by kind */
     long probe_n;
     char err[160];
     double step_s[CL_MAX_STEPS];
@@ -146,6 +173,7 @@ static pid_t cl_children[CL_MAX_SHARDS + CL_MAX_WORKERS + 4];
 /* The shards this run started (inherited by the forked workers, which
  * read the shards' CPU time around their measured steps). */
 static pid_t cl_shard_pids[CL_MAX_SHARDS];
+static int cl_shard_http[CL_MAX_SHARDS]; /* each one's /metrics port (0: none) */
 static int cl_nshard_pids;
 static volatile sig_atomic_t cl_nchildren;
 static int cl_cleanup_installed;
@@ -273,6 +301,15 @@ void bench_cluster_usage(FILE *f)
             "f32 wire >= %.1fx raw streaming; fp8-e4m3 goodput >= %.0fx f32 goodput;\n"
             "4 KiB push+pull p50 <= %.0fx raw round trip. Exit 0 when the run completes,\n"
             "pass or fail.\n"
+            "\n"
+            "Per-byte costs, a second table (and JSON fields of each row), from counters the\n"
+            "code keeps, over the measured steps: the worker's I/O thread\n"
+            "(gift_client_counters) in CPU ns per payload byte out + in and per FP32 byte\n"
+            "moved (2 x the list per step), and its passes over the data per step (pass\n"
+            "bytes / the list's FP32 bytes, total and by kind); the shards (rank 0 scrapes\n"
+            "each one's /metrics before and after): process CPU ns per payload byte in + out\n"
+            "and passes (pass bytes / the FP32 bytes pushed, W x the list per step). With\n"
+            "--servers the shard figures are n/a (null in the JSON).\n"
             "\n"
             "options:\n"
             "  --shards S        shards to start (default 1)\n"
@@ -770,6 +807,8 @@ static int shard_start(const char *bin, int id, int n, int w, char *addr, size_t
             goto fail;
         }
         snprintf(addr, cap, "127.0.0.1:%d", port);
+        if (cl_nshard_pids > 0 && cl_shard_pids[cl_nshard_pids - 1] == pid)
+            cl_shard_http[cl_nshard_pids - 1] = http > 0 ? http : 0;
     }
     *outfd = p[0];
     return 0;
@@ -848,6 +887,137 @@ static double shards_cpu_s(void)
     return sum;
 }
 
+/* The per-byte counters of the shards we started, summed over them, from
+ * each one's /metrics. */
+typedef struct cl_smet {
+    double cpu_s;   /* process_cpu_seconds_total */
+    double payload; /* giftd_payload_bytes_total, in + out, every codec */
+    double pass[CL_SPASS_KINDS];
+} cl_smet_t;
+
+#define CL_METRICS_MAX (4u << 20) /* a /metrics answer larger than this is refused */
+#define CL_METRICS_TIMEOUT_MS 2000
+
+/* A plain blocking HTTP/1.0 GET /metrics to 127.0.0.1:port, read to EOF (at
+ * most CL_METRICS_MAX bytes, CL_METRICS_TIMEOUT_MS per connect, send and
+ * read). Adds the lines it knows to *m. Returns 0 or -1 (message printed). */
+static int metrics_scrape(int port, cl_smet_t *m)
+{
+    static const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    struct sockaddr_in a;
+    struct timeval tv = {.tv_sec = CL_METRICS_TIMEOUT_MS / 1000,
+                         .tv_usec = (CL_METRICS_TIMEOUT_MS % 1000) * 1000};
+    size_t len = 0;
+    char *buf = NULL, *body, *line, *save = NULL;
+    int fd = -1, rc = -1, code = 0, seen = 0;
+    double t0 = bench_now();
+
+    if ((buf = malloc(CL_METRICS_MAX + 1)) == NULL || (fd = socket(AF_INET, SOCK_STREAM, 0)) < 0) {
+        fprintf(stderr, "gift-bench: /metrics: no memory or socket\n");
+        goto out;
+    }
+    /* On Linux SO_SNDTIMEO bounds connect too. */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+        write_all(fd, req, sizeof req - 1) < 0) {
+        fprintf(stderr, "gift-bench: /metrics on 127.0.0.1:%d: %s\n", port, strerror(errno));
+        goto out;
+    }
+    for (;;) {
+        ssize_t k;
+
+        if (len >= CL_METRICS_MAX) {
+            fprintf(stderr, "gift-bench: /metrics on 127.0.0.1:%d: over %u bytes\n", port,
+                    CL_METRICS_MAX);
+            goto out;
+        }
+        if (bench_now() - t0 > 3.0 * CL_METRICS_TIMEOUT_MS / 1000.0) {
+            fprintf(stderr, "gift-bench: /metrics on 127.0.0.1:%d: too slow\n", port);
+            goto out;
+        }
+        k = read(fd, buf + len, CL_METRICS_MAX - len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0) {
+            fprintf(stderr, "gift-bench: /metrics on 127.0.0.1:%d: %s\n", port, strerror(errno));
+            goto out;
+        }
+        if (k == 0)
+            break;
+        len += (size_t)k;
+    }
+    buf[len] = '\0';
+    if (sscanf(buf, "HTTP/1.%*d %d", &code) != 1 || code != 200 ||
+        (body = strstr(buf, "\r\n\r\n")) == NULL) {
+        fprintf(stderr, "gift-bench: /metrics on 127.0.0.1:%d: status %d\n", port, code);
+        goto out;
+    }
+    for (line = strtok_r(body + 4, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char kind[32];
+        double v;
+
+        if (line[0] == '#')
+            continue;
+        if (sscanf(line, "process_cpu_seconds_total %lf", &v) == 1) {
+            m->cpu_s += v;
+            seen |= 1;
+        } else if (strncmp(line, "giftd_payload_bytes_total{", 26) == 0) {
+            char *sp = strrchr(line, ' ');
+
+            if (sp != NULL && sscanf(sp, " %lf", &v) == 1) {
+                m->payload += v;
+                seen |= 2;
+            }
+        } else if (sscanf(line, "giftd_pass_bytes_total{pass=\"%31[a-z_]\"} %lf", kind, &v) == 2) {
+            for (int k = 0; k < CL_SPASS_KINDS; k++)
+                if (strcmp(kind, cl_spass_names[k]) == 0)
+                    m->pass[k] += v;
+            seen |= 4;
+        }
+    }
+    if (seen != 7) {
+        fprintf(stderr,
+                "gift-bench: /metrics on 127.0.0.1:%d lacks %s%s%s (a giftd older than the "
+                "per-byte counters?)\n",
+                port, seen & 1 ? "" : "process_cpu_seconds_total ",
+                seen & 2 ? "" : "giftd_payload_bytes_total ",
+                seen & 4 ? "" : "giftd_pass_bytes_total");
+        goto out;
+    }
+    rc = 0;
+out:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    return rc;
+}
+
+/* Every started shard's /metrics, summed into *m. Returns 0, or -1 when
+ * there are none (--servers) or one fails. */
+static int shards_metrics(cl_smet_t *m)
+{
+    memset(m, 0, sizeof *m);
+    if (cl_nshard_pids == 0)
+        return -1;
+    for (int i = 0; i < cl_nshard_pids; i++) {
+        if (cl_shard_http[i] <= 0) {
+            fprintf(stderr,
+                    "gift-bench: shard %d gave no http_port in its ready line: no "
+                    "shard per-byte costs\n",
+                    i);
+            return -1;
+        }
+        if (metrics_scrape(cl_shard_http[i], m) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* One row on one worker: warm-up, then measured steps until --steps or the
  * shared limit. Returns 0 or a negative code (reported). */
 static int run_row(cl_worker_ctx_t *x, gift_client_t *c, int r, float **grad, float **out,
@@ -856,6 +1026,9 @@ static int run_row(cl_worker_ctx_t *x, gift_client_t *c, int r, float **grad, fl
     const cl_opts_t *o = x->o;
     long total = o->warmup + o->steps;
     gift_client_stats_t s0, s1;
+    gift_client_counters_t k0, k1;
+    cl_smet_t sm0, sm1;
+    int have_k0 = 0, have_sm0 = 0;
     uint32_t base = (uint32_t)(r * x->nt);
     double t_meas = 0, t_row = bench_now(), cpu0 = 0, shard0 = NAN;
     int rc = 0;
@@ -887,7 +1060,14 @@ static int run_row(cl_worker_ctx_t *x, gift_client_t *c, int r, float **grad, fl
         if (s >= atomic_load(&x->sh->limit[r]))
             break;
         if (s == o->warmup) {
+            /* The shards' /metrics first: its HTTP round trips stay out of
+             * this worker's CPU time and the measured wall time. */
+            if (x->rank == 0)
+                have_sm0 = shards_metrics(&sm0) == 0;
             gift_client_stats(c, &s0);
+            memset(&k0, 0, sizeof k0);
+            k0.size = sizeof k0;
+            have_k0 = gift_client_counters(c, &k0) == 0;
             t_meas = bench_now();
             cpu0 = self_cpu_s();
             if (x->rank == 0)
@@ -924,6 +1104,22 @@ static int run_row(cl_worker_ctx_t *x, gift_client_t *c, int r, float **grad, fl
     m->measured_s = bench_now() - t_meas;
     m->cpu_s = self_cpu_s() - cpu0;
     m->shard_cpu_s = x->rank == 0 ? shards_cpu_s() - shard0 : NAN;
+    memset(&k1, 0, sizeof k1);
+    k1.size = sizeof k1;
+    if (have_k0 && gift_client_counters(c, &k1) == 0) {
+        m->have_counters = 1;
+        m->io_cpu_ns = k1.io_cpu_ns - k0.io_cpu_ns;
+        m->payload_bytes = (k1.payload_out - k0.payload_out) + (k1.payload_in - k0.payload_in);
+        for (int k = 0; k < GIFT_PASS_KINDS; k++)
+            m->pass_bytes[k] = k1.pass_bytes[k] - k0.pass_bytes[k];
+    }
+    if (x->rank == 0 && have_sm0 && shards_metrics(&sm1) == 0) {
+        m->have_shard_metrics = 1;
+        m->smet_cpu_s = sm1.cpu_s - sm0.cpu_s;
+        m->smet_payload = sm1.payload - sm0.payload;
+        for (int k = 0; k < CL_SPASS_KINDS; k++)
+            m->smet_pass[k] = sm1.pass[k] - sm0.pass[k];
+    }
     m->wire_bytes = (s1.bytes_out - s0.bytes_out) + (s1.bytes_in - s0.bytes_in);
     return 0;
 }
@@ -1135,6 +1331,9 @@ static int run_workers(const cl_opts_t *o, const cl_tensor_t *list, int nt, cl_r
     for (int r = 0; r < nrows; r++) {
         rows[r].nall = 0;
         rows[r].nsteps = -1;
+        rows[r].shard_ns_per_payload_byte = rows[r].shard_passes = NAN;
+        for (int k = 0; k < CL_SPASS_KINDS; k++)
+            rows[r].shard_passes_by_kind[k] = NAN;
         if ((rows[r].steps_all = calloc((size_t)o->workers * CL_MAX_STEPS, sizeof(double))) ==
             NULL) {
             fprintf(stderr, "gift-bench: out of memory\n");
@@ -1247,6 +1446,28 @@ static int run_workers(const cl_opts_t *o, const cl_tensor_t *list, int nt, cl_r
                                  : NAN;
                 r->nsteps = n;
                 r->cpu_w[w] = msg[w].cpu_s / n;
+                r->measured_s[w] = msg[w].measured_s;
+                if (msg[w].have_counters) {
+                    r->w_have++;
+                    r->w_io_ns += (double)msg[w].io_cpu_ns;
+                    r->w_payload += (double)msg[w].payload_bytes;
+                    r->w_fp32 += list_fp32_bytes(list, nt) * n;
+                    for (int k = 0; k < GIFT_PASS_KINDS; k++)
+                        r->w_pass[k] += (double)msg[w].pass_bytes[k];
+                }
+                if (w == 0 && msg[w].have_shard_metrics) {
+                    /* Every worker pushes the whole list each step. */
+                    double pushed = (double)o->workers * list_fp32_bytes(list, nt) * n;
+
+                    r->shard_ns_per_payload_byte =
+                        msg[w].smet_payload > 0 ? 1e9 * msg[w].smet_cpu_s / msg[w].smet_payload
+                                                : NAN;
+                    r->shard_passes = 0;
+                    for (int k = 0; k < CL_SPASS_KINDS; k++) {
+                        r->shard_passes_by_kind[k] = msg[w].smet_pass[k] / pushed;
+                        r->shard_passes += r->shard_passes_by_kind[k];
+                    }
+                }
                 if (w == 0) {
                     r->shard_cpu_ms = 1e3 * msg[w].shard_cpu_s / n;
                     r->switches = msg[w].switches;
@@ -1285,6 +1506,20 @@ static int run_workers(const cl_opts_t *o, const cl_tensor_t *list, int nt, cl_r
             row->wire_mean += row->wire[w] / (double)o->workers;
             if (row->goodput[w] < row->goodput_min)
                 row->goodput_min = row->goodput[w];
+        }
+        row->worker_io_ns_per_payload_byte = row->worker_io_ns_per_fp32_byte = NAN;
+        row->worker_passes = NAN;
+        for (int k = 0; k < GIFT_PASS_KINDS; k++)
+            row->worker_passes_by_kind[k] = NAN;
+        if (row->w_have == o->workers && row->w_fp32 > 0) {
+            row->worker_io_ns_per_payload_byte =
+                row->w_payload > 0 ? row->w_io_ns / row->w_payload : NAN;
+            row->worker_io_ns_per_fp32_byte = row->w_io_ns / (2.0 * row->w_fp32);
+            row->worker_passes = 0;
+            for (int k = 0; k < GIFT_PASS_KINDS; k++) {
+                row->worker_passes_by_kind[k] = row->w_pass[k] / row->w_fp32;
+                row->worker_passes += row->worker_passes_by_kind[k];
+            }
         }
         {
             double *tmp = malloc((size_t)(row->nall > 0 ? row->nall : 1) * sizeof(double));
@@ -1405,6 +1640,27 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
         bench_json_num(&j, NULL, 1e6 * res->probe_p50[w]);
     bench_json_arr_end(&j);
     bench_json_obj_end(&j);
+    bench_json_obj(&j, "per_byte_costs");
+    bench_json_str(&j, "worker_io_ns_per_payload_byte",
+                   "CPU ns of the client's I/O thread (gift_client_counters io_cpu_ns) per "
+                   "payload byte out + in, all workers pooled");
+    bench_json_str(&j, "worker_io_ns_per_fp32_byte",
+                   "the same CPU ns per FP32 byte moved: 2 x the list's FP32 bytes per step "
+                   "(push and pull)");
+    bench_json_str(&j, "worker_passes",
+                   "client pass_bytes / the list's FP32 bytes per step, per worker (mean)");
+    bench_json_str(&j, "shard_ns_per_payload_byte",
+                   "all shards' process_cpu_seconds_total per giftd_payload_bytes_total in + out "
+                   "(/metrics, scraped by rank 0 around its measured steps)");
+    bench_json_str(&j, "shard_passes",
+                   "all shards' giftd_pass_bytes_total / the FP32 bytes pushed to them (W x the "
+                   "list per step)");
+    if (o->servers != NULL)
+        bench_json_str(&j, "shard_figures",
+                       "null: --servers (a running cluster), its shards are not scraped");
+    else
+        bench_json_str(&j, "shard_figures", "measured");
+    bench_json_obj_end(&j);
     bench_json_arr(&j, "rows");
     for (int r = 0; r < nrows; r++) {
         const cl_row_t *row = &rows[r];
@@ -1422,6 +1678,27 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
         bench_json_num(&j, "step_p99_ms", row->p99_ms);
         bench_json_num(&j, "worker_cpu_ms_per_step", row->worker_cpu_ms);
         bench_json_num(&j, "shards_cpu_ms_per_step", row->shard_cpu_ms);
+        bench_json_num(&j, "worker_io_ns_per_payload_byte", row->worker_io_ns_per_payload_byte);
+        bench_json_num(&j, "worker_io_ns_per_fp32_byte", row->worker_io_ns_per_fp32_byte);
+        bench_json_num(&j, "worker_passes", row->worker_passes);
+        if (isnan(row->worker_passes)) {
+            bench_json_null(&j, "worker_passes_by_kind");
+        } else {
+            bench_json_obj(&j, "worker_passes_by_kind");
+            for (int k = 0; k < GIFT_PASS_KINDS; k++)
+                bench_json_num(&j, gift_pass_name(k), row->worker_passes_by_kind[k]);
+            bench_json_obj_end(&j);
+        }
+        bench_json_num(&j, "shard_ns_per_payload_byte", row->shard_ns_per_payload_byte);
+        bench_json_num(&j, "shard_passes", row->shard_passes);
+        if (isnan(row->shard_passes)) {
+            bench_json_null(&j, "shard_passes_by_kind");
+        } else {
+            bench_json_obj(&j, "shard_passes_by_kind");
+            for (int k = 0; k < CL_SPASS_KINDS; k++)
+                bench_json_num(&j, cl_spass_names[k], row->shard_passes_by_kind[k]);
+            bench_json_obj_end(&j);
+        }
         bench_json_arr(&j, "goodput_per_worker_gbps");
         for (long w = 0; w < o->workers; w++)
             bench_json_num(&j, NULL, row->goodput[w]);
@@ -1429,6 +1706,10 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
         bench_json_arr(&j, "wire_per_worker_gbps");
         for (long w = 0; w < o->workers; w++)
             bench_json_num(&j, NULL, row->wire[w]);
+        bench_json_arr_end(&j);
+        bench_json_arr(&j, "measured_s_per_worker");
+        for (long w = 0; w < o->workers; w++)
+            bench_json_num(&j, NULL, row->measured_s[w]);
         bench_json_arr_end(&j);
         bench_json_arr(&j, "step_s");
         for (int i = 0; i < row->nall; i++)
@@ -1465,6 +1746,75 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
         return -1;
     }
     return 0;
+}
+
+/* "encode 1.00 decode 1.00": the kinds above 0.005 passes, "-" when none,
+ * "n/a" when not measured. */
+static const char *passes_by_kind(char *buf, size_t cap, const double *v, int n,
+                                  const char *(*name)(int))
+{
+    size_t len = 0;
+
+    buf[0] = '\0';
+    if (n > 0 && isnan(v[0]))
+        return "n/a";
+    for (int k = 0; k < n && len < cap; k++)
+        if (v[k] >= 0.005)
+            len +=
+                (size_t)snprintf(buf + len, cap - len, "%s%s %.2f", len ? " " : "", name(k), v[k]);
+    return len ? buf : "-";
+}
+
+static const char *spass_name(int k)
+{
+    return k >= 0 && k < CL_SPASS_KINDS ? cl_spass_names[k] : "?";
+}
+
+static const char *cpass_name(int k)
+{
+    const char *s = gift_pass_name(k);
+
+    return s ? s : "?";
+}
+
+/* "%.2f" of v, or "n/a" for NaN. */
+static const char *fmt2(char *buf, size_t cap, double v)
+{
+    if (isnan(v))
+        return "n/a";
+    snprintf(buf, cap, "%.2f", v);
+    return buf;
+}
+
+static void print_costs(const cl_opts_t *o, const cl_row_t *rows, int nrows)
+{
+    printf("\n### Per-byte costs\n\n");
+    printf("- worker: the client's I/O thread (gift_client_counters): CPU ns per payload byte "
+           "(out + in) and per FP32 byte moved (2 x the list per step); passes = pass bytes / "
+           "the list's FP32 bytes per step, per worker\n");
+    if (o->servers != NULL)
+        printf("- shard: n/a with --servers (the running cluster's shards are not scraped)\n");
+    else
+        printf("- shard: all shards' /metrics, scraped by rank 0 around its measured steps: "
+               "process CPU ns per payload byte (in + out); passes = pass bytes / the FP32 bytes "
+               "pushed to them (%ld x the list per step)\n",
+               o->workers);
+    printf("\n| codec | transform | worker I/O ns/payload B | worker I/O ns/FP32 B | worker "
+           "passes | worker by kind | shard ns/payload B | shard passes | shard by kind |\n");
+    printf("|---|---|---:|---:|---:|---|---:|---:|---|\n");
+    for (int r = 0; r < nrows; r++) {
+        const cl_row_t *row = &rows[r];
+        char a[32], b[32], c[32], d[32], e[32], wk[256], sk[256];
+
+        printf(
+            "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", row->codec->name,
+            row->gift ? "gift" : "euclidean", fmt2(a, sizeof a, row->worker_io_ns_per_payload_byte),
+            fmt2(b, sizeof b, row->worker_io_ns_per_fp32_byte),
+            fmt2(c, sizeof c, row->worker_passes),
+            passes_by_kind(wk, sizeof wk, row->worker_passes_by_kind, GIFT_PASS_KINDS, cpass_name),
+            fmt2(d, sizeof d, row->shard_ns_per_payload_byte), fmt2(e, sizeof e, row->shard_passes),
+            passes_by_kind(sk, sizeof sk, row->shard_passes_by_kind, CL_SPASS_KINDS, spass_name));
+    }
 }
 
 static void print_report(const cl_opts_t *o, const cl_tensor_t *list, int nt, const cl_row_t *rows,
@@ -1519,7 +1869,9 @@ static void print_report(const cl_opts_t *o, const cl_tensor_t *list, int nt, co
                                                  "tensors sketched, per gift row: "
                                                : ", ",
                    rows[r].codec->name, rows[r].switches, rows[r].sketched);
-    printf("\n\nbaseline (raw TCP, two processes on 127.0.0.1):");
+    printf("\n");
+    print_costs(o, rows, nrows);
+    printf("\nbaseline (raw TCP, two processes on 127.0.0.1):");
     if (res->have_raw)
         printf(" streaming %.2f GB/s (median of %ld x %zu MiB, half before the rows, half "
                "after); 4 KiB round trip p50 %.1f us, p99 %.1f us (%ld round trips)\n",

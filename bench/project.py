@@ -16,6 +16,18 @@ of them can be overridden by --costs FILE, a JSON object
 {"encode_ns_per_elem": {"fp8": 0.4, ...}, "decode_ns_per_elem": {...},
  "transform_ns_per_elem_k32": 2.9}.
 
+Measured per-byte costs (--cluster-json FILE, a `gift-bench cluster --json`
+output): per codec, from its euclidean rows, the shards' CPU ns per payload
+byte (whole process: codec, accumulation, TCP, all in one figure) and the
+worker I/O thread's CPU ns per payload byte. Where the file has a codec's
+figure it replaces the model's per-byte constants for that codec: shard CPU =
+W x (push + pull) x shard ns/B (instead of the codec's decode/encode per
+element plus TCP at --core-wire-gbps); the worker's encode + decode stages
+(CPU worker) or its I/O threads' TCP (GPU worker, --project) = payload bytes x
+worker ns/B (instead of the codec per element, or --core-wire-gbps). The
+GIFT transform keeps its codec cost. The output names every figure taken from
+the file and every codec left on the constants.
+
 The model (every figure per training step):
 
   payload bytes per direction per worker: sum over tensors of elements x
@@ -28,6 +40,7 @@ The model (every figure per training step):
   the mean once. S shard hosts: a shard host's link carries W x B / S each
   way. Co-located (--colocated): S shards on S of the W worker hosts; a host
   carries its worker's off-host bytes B (S-1)/S plus its shard's (W-1) B / S.
+  (--cluster-json: measured figures instead, see Inputs.)
   Stages: worker encode (+ T), push wire, shard decode-accumulate of W pushes
   and encode of the mean (per shard core), pull wire, worker decode (+ T^-1).
   They pipeline over DDP's buckets (1 MiB, then 25 MiB of f32): comm =
@@ -146,6 +159,52 @@ def load_costs(codec_json, costs_file):
     return c
 
 
+CLUSTER_FMT = {"f32": "f32", "bf16": "bf16", "fp8-e4m3": "fp8", "nvfp4": "nvfp4"}
+
+
+def load_cluster(path, costs):
+    """Adds costs["cluster"] = {"shard": {fmt: ns/B}, "worker_io": {fmt: ns/B}}
+    from a gift-bench cluster --json output, and costs["cluster_note"]."""
+    try:
+        d = json.load(open(path))
+        if d.get("benchmark") != "cluster":
+            raise KeyError("benchmark is not 'cluster'")
+        shard, wio = {}, {}
+        for r in d["rows"]:
+            f = CLUSTER_FMT.get(r["codec"])
+            if f is None or r["transform"] != "euclidean":
+                continue
+            if "worker_io_ns_per_payload_byte" not in r:
+                raise KeyError("no per-byte costs in its rows (a gift-bench older than issue 25)")
+            for key, into in (("shard_ns_per_payload_byte", shard),
+                              ("worker_io_ns_per_payload_byte", wio)):
+                v = r.get(key)
+                if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 and f not in into:
+                    into[f] = float(v)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        die(f"--cluster-json {path}: not gift-bench cluster JSON with per-byte costs ({e})")
+    if not shard and not wio:
+        die(f"--cluster-json {path}: no euclidean row of f32, bf16, fp8-e4m3 or nvfp4 "
+            "with a per-byte cost")
+    costs["cluster"] = {"shard": shard, "worker_io": wio, "file": path}
+    def figs(m):
+        return ", ".join(f"{f} {m[f]:.3g}" for f in BITS if f in m) or "none"
+    kept = lambda m: [f for f in BITS if f not in m]
+    note = (f"from {path} ({d.get('date')}, {d.get('cpu')}, {d.get('cores')} cores, "
+            f"W = {d.get('workers')}, S = {d.get('shards')}): shard CPU ns per payload byte "
+            f"{figs(shard)} (replaces codec decode/encode + TCP at --core-wire-gbps on the shards)"
+            f"; worker I/O thread CPU ns per payload byte {figs(wio)} (replaces the worker's "
+            f"codec per element / TCP at --core-wire-gbps)")
+    ks, kw = kept(shard), kept(wio)
+    if ks or kw:
+        note += (f"; not in the file, on the constants: shard {', '.join(ks) or 'none'}, "
+                 f"worker {', '.join(kw) or 'none'}")
+    if d.get("external_cluster"):
+        note += "; the file ran on external shards (--servers): no shard figures"
+    costs["cluster_note"] = note
+    costs["source"] += "; per-byte CPU " + note
+
+
 # ----------------------------------------------------------------- arms
 
 def buckets(nbytes_f32):
@@ -239,21 +298,34 @@ def predict(a):
             host_tx = max(push, w * pull / s)
             host_rx = max(pull, w * push / s)
         core_wire = a.get("core_wire_Bps")
+        cl = c.get("cluster") or {}
+        w_ns = cl.get("worker_io", {}).get(fmt)  # measured worker I/O ns per payload byte
+        s_ns = cl.get("shard", {}).get(fmt)  # measured shard ns per payload byte
         if a["transform_cpu"]:  # a CPU worker: codec and T on the I/O thread
             tr = ge * c["transform_k32"] * kmean / 32 * 1e-9 if gift else 0.0
-            enc_w = n * c["encode"][fmt] * 1e-9 + tr
-            dec_w = n * c["decode"][fmt] * 1e-9 + tr
+            if w_ns is not None:
+                enc_w = push * w_ns * 1e-9 + tr
+                dec_w = pull * w_ns * 1e-9 + tr
+            else:
+                enc_w = n * c["encode"][fmt] * 1e-9 + tr
+                dec_w = n * c["decode"][fmt] * 1e-9 + tr
             io = 1
         else:  # a GPU worker: codec and T on the GPU, TCP on `io` I/O threads
             enc_w = dec_w = 4.0 * n / a["gpu_codec_Bps"]
-            tcp_w = (push + pull) / core_wire
+            per_b = w_ns * 1e-9 if w_ns is not None else 1.0 / core_wire
+            tcp_w = (push + pull) * per_b
             io = max(1, math.ceil(tcp_w / (max(push, pull) / rate)))
-            enc_w += push / core_wire / io
-            dec_w += pull / core_wire / io
+            enc_w += push * per_b / io
+            dec_w += pull * per_b / io
         out["worker_io_threads"] = io
-        shard_cpu = (w * n * c["decode"][fmt] + n * c["encode"][fmt]) * 1e-9
-        if core_wire:  # TCP in and out of the shards
-            shard_cpu += w * (push + pull) / core_wire
+        out["worker_cost_source"] = "cluster-json" if w_ns is not None else "model"
+        if s_ns is not None:  # measured: the whole shard process per payload byte in + out
+            shard_cpu = w * (push + pull) * s_ns * 1e-9
+        else:
+            shard_cpu = (w * n * c["decode"][fmt] + n * c["encode"][fmt]) * 1e-9
+            if core_wire:  # TCP in and out of the shards
+                shard_cpu += w * (push + pull) / core_wire
+        out["shard_cost_source"] = "cluster-json" if s_ns is not None else "model"
         shard = shard_cpu / (s * a["shard_cores"])
         stages = [enc_w, host_tx / rate, shard, host_rx / rate, dec_w]
         comm = max(stages) + (sum(stages) - max(stages)) / nb + 2 * d
@@ -424,7 +496,7 @@ def validate(args, costs):
     lines = [f"Validation against {root} ({src}; calibration {calib.get('date')}, "
              f"{calib.get('nproc')} cores, {calib.get('cpu')}): compute-only step "
              f"{calib['compute_step_s'] * 1e3:.1f} ms, {calib.get('params')} parameters, "
-             f"W = {calib.get('workers')}, overlap {args.overlap}.",
+             f"W = {calib.get('workers')}, overlap {args.overlap}; costs {costs['source']}.",
              "",
              "| link | arm | Mbit/s | seeds | measured ms | predicted ms (calib. compute) | ratio "
              "| paired compute ms (seed mean) | predicted ms (paired) | ratio | steps to target "
@@ -538,7 +610,10 @@ def project(args, costs):
               f"; codec and GIFT transform on the GPU at {args.gpu_codec_gbps:g} GB/s of f32 "
               f"(--gpu-codec-gbps); shard cores sized so the shards keep up with the worker "
               f"links; TCP at {args.core_wire_gbps:g} "
-              f"Gbit/s per shard core; codec costs {costs['source']}.")
+              f"Gbit/s per shard core"
+              + (" where no per-byte CPU figure from --cluster-json replaces it"
+                 if costs.get("cluster") else "") +
+              f"; codec costs {costs['source']}.")
     lines = [assume, "", "| arm | hosts | shard hosts | shard cores (per host) | MB sent per worker "
              "| worker I/O threads | comm ms | step ms | x giftd f32 | time to target h "
              "| saved vs BF16 ring (ddp-fp16) | saved vs giftd bf16 |",
@@ -569,6 +644,10 @@ def main():
     ap.add_argument("--project", choices=sorted(PROJECTS), help="a projection preset")
     ap.add_argument("--codec-json", metavar="FILE", help="gift-bench codec --json output")
     ap.add_argument("--costs", metavar="FILE", help="JSON overrides of per-element costs")
+    ap.add_argument("--cluster-json", metavar="FILE",
+                    help="gift-bench cluster --json output: its measured shard and worker I/O "
+                         "CPU ns per payload byte, per codec, replace the per-byte constants "
+                         "(codec per element, --core-wire-gbps) for the codecs it has")
     ap.add_argument("--model", choices=sorted(PRESETS), default="netcluster",
                     help="Llama shape preset (default netcluster; --project uses its own)")
     ap.add_argument("--dim", type=int)
@@ -614,6 +693,8 @@ def main():
     if args.validate and args.project:
         die("--validate and --project exclude each other")
     costs = load_costs(args.codec_json, args.costs)
+    if args.cluster_json:
+        load_cluster(args.cluster_json, costs)
     if args.validate:
         return validate(args, costs)
     if args.project:
@@ -641,7 +722,8 @@ def main():
         rows.append(p)
     lines = [f"Llama {shape}: {n_params(tensors)} parameters, W = {w}, S = {args.servers}"
              f"{' co-located' if args.colocated else ''}, {args.link_gbps:g} Gbit/s, "
-             f"{args.delay_ms} ms, compute {args.compute_ms} ms, overlap {args.overlap}", "",
+             f"{args.delay_ms} ms, compute {args.compute_ms} ms, overlap {args.overlap}; "
+             f"costs {costs['source']}", "",
              "| arm | bytes sent per worker | comm ms | step ms | time to target s |",
              "|---|---:|---:|---:|---:|"]
     for r in rows:

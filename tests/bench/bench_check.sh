@@ -18,7 +18,9 @@
 #  3. gift-bench cluster: 1 shard it starts itself, 1 worker, 8 MiB in 1 MiB
 #     chunks, f32 and fp8-e4m3, Euclidean and GIFT, --inplace, 3 steps: every
 #     row has 3 measured steps and positive goodput; the raw baselines and the
-#     4 KiB probe ran; the targets block is present; no giftd is left behind.
+#     4 KiB probe ran; the targets block is present; the per-byte costs of both
+#     sides are finite and positive, passes by kind summing to the total; no giftd
+#     is left behind.
 # Exit 77 (skipped) without /usr/bin/python3.
 set -euo pipefail
 
@@ -162,6 +164,15 @@ for r in rows:
     for k in ("goodput_gbps", "wire_gbps", "step_p50_ms"):
         v = r[k]
         assert math.isfinite(v) and v > 0, f"{r['codec']} {r['transform']} {k} = {v}"
+    # Per-byte costs: measured on both sides (our own shards), finite and positive.
+    for k in ("worker_io_ns_per_payload_byte", "worker_io_ns_per_fp32_byte", "worker_passes",
+              "shard_ns_per_payload_byte", "shard_passes"):
+        v = r[k]
+        assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, f"{r['codec']} {r['transform']} {k} = {v}"
+    for side in ("worker", "shard"):
+        kinds = r[f"{side}_passes_by_kind"]
+        assert abs(sum(kinds.values()) - r[f"{side}_passes"]) < 1e-6, f"{side} passes by kind {kinds} vs {r[side + '_passes']}"
+assert j["per_byte_costs"]["shard_figures"] == "measured", j["per_byte_costs"]
 t = j["targets"]
 for k in ("f32_wire_x_raw_stream", "fp8_goodput_x_f32", "probe_4k_x_raw_rtt"):
     assert math.isfinite(t[k]) and t[k] > 0, f"targets {k} = {t[k]}"

@@ -10,7 +10,12 @@
 #     `none`, ratio = predicted / measured, the paired prediction uses the
 #     seed's compute step;
 #  4. --project paper: giftd needs W shard hosts at equal link rates;
-#  5. bad flags and inputs exit 2 with a message.
+#  5. --cluster-json on a small fixture (written here): the shard CPU of the
+#     codecs it has is W x (push + pull) x its shard ns/payload byte, the
+#     worker's encode + decode is payload x its worker ns/B, a codec it lacks
+#     keeps the model's figures, a gift arm takes its format's euclidean
+#     figure, and the output names the file;
+#  6. bad flags and inputs exit 2 with a message.
 # Exit 77 (skipped) without /usr/bin/python3.
 set -euo pipefail
 
@@ -50,6 +55,23 @@ EOF
 "$py" "$proj" --costs "$work/costs.json" --validate "$work/nc" --json "$work/val.json" \
     --md "$work/val.md" >/dev/null
 "$py" "$proj" --costs "$work/costs.json" --project paper --json "$work/paper.json" >/dev/null
+
+# a gift-bench cluster --json fixture: per-byte costs of f32 and fp8-e4m3 (euclidean),
+# and a gift row whose figures must not be used
+cat >"$work/cluster.json" <<'EOF'
+{"benchmark": "cluster", "date": "fixture", "cpu": "test", "cores": 2, "workers": 1,
+ "shards": 1, "external_cluster": false, "rows": [
+ {"codec": "f32", "transform": "euclidean", "worker_io_ns_per_payload_byte": 1.0,
+  "shard_ns_per_payload_byte": 2.0},
+ {"codec": "fp8-e4m3", "transform": "euclidean", "worker_io_ns_per_payload_byte": 1.5,
+  "shard_ns_per_payload_byte": 3.0},
+ {"codec": "fp8-e4m3", "transform": "gift", "worker_io_ns_per_payload_byte": 9.0,
+  "shard_ns_per_payload_byte": 9.0}]}
+EOF
+"$py" "$proj" "${small[@]}" --link-gbps 10 --cluster-json "$work/cluster.json" \
+    --json "$work/cl.json" >"$work/cl.txt"
+grep -q "per-byte CPU from $work/cluster.json" "$work/cl.txt" ||
+    { echo "project_check: FAIL: --cluster-json output does not name the file:" >&2; cat "$work/cl.txt" >&2; exit 1; }
 
 "$py" - "$work" <<'EOF'
 import json, sys
@@ -100,6 +122,31 @@ check(p["W"] == 64 and abs(p["params"] - 0.6e9) < 0.05e9, f"paper: W {p['W']}, p
 for r in p["rows"]:
     if r["arm"] in ("f32", "fp8-gift"):
         check(r["shard_hosts"] == 64, f"paper {r['arm']}: {r['shard_hosts']} shard hosts, want 64")
+# 5. --cluster-json
+cl = {r["arm"]: r for r in json.load(open(f"{w}/cl.json"))["rows"]}
+base = {r["arm"]: r for r in g[10]["rows"]}
+for arm, f, s_ns, w_ns in (("f32", 4.0, 2.0, 1.0), ("fp8", 8.25 / 8, 3.0, 1.5)):
+    b = f * n  # push = pull bytes per worker
+    want = W * 2 * b * s_ns * 1e-9
+    got = cl[arm]["shard_cpu_total_s"]
+    check(near(got, want), f"--cluster-json {arm}: shard CPU {got} s, want W x (push + pull) x "
+          f"{s_ns} ns = {want} s (without the file: {base[arm]['shard_cpu_total_s']} s)")
+    got = cl[arm]["cpu_worker_s"]
+    check(near(got, 2 * b * w_ns * 1e-9), f"--cluster-json {arm}: worker CPU {got} s, "
+          f"want {2 * b * w_ns * 1e-9} s")
+    check(cl[arm]["shard_cost_source"] == "cluster-json" and cl[arm]["worker_cost_source"] == "cluster-json",
+          f"--cluster-json {arm}: sources {cl[arm]['shard_cost_source']}, {cl[arm]['worker_cost_source']}")
+    check(not near(base[arm]["shard_cpu_total_s"], want),
+          f"{arm}: the fixture's shard CPU equals the model's ({want}); the test proves nothing")
+fg = cl["fp8-gift"]
+want = W * (fg["bytes_per_worker_tx"] + fg["bytes_per_worker_rx"]) * 3.0e-9
+check(near(fg["shard_cpu_total_s"], want),
+      f"--cluster-json fp8-gift: shard CPU {fg['shard_cpu_total_s']} s, want fp8's euclidean 3.0 ns/B: {want} s")
+for arm in ("bf16", "nvfp4"):
+    check(near(cl[arm]["shard_cpu_total_s"], base[arm]["shard_cpu_total_s"]) and
+          cl[arm]["shard_cost_source"] == "model",
+          f"--cluster-json {arm} (not in the file): shard CPU {cl[arm]['shard_cpu_total_s']} s "
+          f"({cl[arm]['shard_cost_source']}), want the model's {base[arm]['shard_cpu_total_s']} s")
 if bad:
     print("project_check: FAIL:\n  " + "\n  ".join(bad), file=sys.stderr)
     sys.exit(1)
@@ -121,4 +168,6 @@ expect2 "unrecognized" --no-such-flag
 expect2 "not a bench/netcluster" --validate "$work/nowhere"
 expect2 "steps-ratio" --link-gbps 1 --compute-ms 10 --steps-ratio fp8
 expect2 "codec-json" --codec-json "$work/costs.json" --link-gbps 1 --compute-ms 10
+expect2 "cluster-json" --cluster-json "$work/costs.json" --link-gbps 1 --compute-ms 10
+expect2 "cluster-json" --cluster-json "$work/nowhere.json" --link-gbps 1 --compute-ms 10
 echo "project_check: OK"
