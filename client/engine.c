@@ -117,6 +117,14 @@ static int settled(const gift__wire_t *w, uint64_t t)
 /* Completion                                                            */
 /* ------------------------------------------------------------------ */
 
+/* pl's target is no longer to be written: no connection may go on
+ * receiving a chunk into it (gift__eng_sink). */
+static void unsink_pl(gift_client_t *c, const gift__wire_t *w, const gift__lstate_t *pl)
+{
+    if (c->io->unsink != NULL && pl->target != NULL)
+        c->io->unsink(c, pl->target, pl->target + w->n);
+}
+
 /* Takes r out of whatever it waits on. A pull that was the decode target of
  * its (unfused) wire hands the pull over to the next request waiting on it,
  * restarted from scratch; with none left the pull is abandoned (late replies
@@ -137,6 +145,7 @@ static void detach(gift_client_t *c, gift__req_t *r)
     list_remove(r);
     if (pl->state != GIFT__PL_PENDING)
         return;
+    unsink_pl(c, w, pl);
     if (pl->reqs.head == NULL) {
         pl->state = GIFT__PL_IDLE;
         return;
@@ -245,8 +254,9 @@ static void fail_ps(gift_client_t *c, gift__pstate_t *ps, int rc)
     c->rescan = 1;
 }
 
-static void fail_pl(gift_client_t *c, gift__lstate_t *pl, int rc)
+static void fail_pl(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl, int rc)
 {
+    unsink_pl(c, w, pl);
     pl->state = GIFT__PL_IDLE;
     finish_all(c, &pl->reqs, rc);
     c->rescan = 1;
@@ -871,6 +881,38 @@ static void on_push_ack(gift_client_t *c, uint32_t shard, const Gift__PushAck *a
     }
 }
 
+/* A PullReply whose header is in and whose payload is not (net.c): where
+ * its payload can be received directly, or NULL. Only an f32 chunk of a
+ * host wire whose pull waits for exactly that chunk, codec and length: the
+ * payload is then the chunk's elements, and host_decode only checks them
+ * where they landed. Everything is checked again when the frame is whole
+ * (on_pull_reply); a reply refused then leaves the chunk's part of the
+ * target unspecified, and the pull fails or asks again. */
+void *gift__eng_sink(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
+{
+    const Gift__PullReply *m = f->env->msg_case == GIFT__ENVELOPE__MSG_PULL_REPLY
+                                   ? f->env->pull_reply
+                                   : NULL;
+    gift__wire_t *w;
+    gift__lstate_t *pl;
+    const gift__chunk_t *ch;
+
+    if (m == NULL || (w = wire_key(c, m->key)) == NULL || w->path != &gift__host_path ||
+        m->chunk >= w->nchunks)
+        return NULL;
+    ch = gift__chunk_of(c, w, m->chunk);
+    pl = &w->pl[m->step & 1];
+    if (ch->shard != shard || pl->state != GIFT__PL_PENDING || pl->step != m->step ||
+        pl->got[m->chunk] || pl->target == NULL ||
+        (w->geometry && pl->epoch_set && m->epoch != pl->epoch))
+        return NULL;
+    if (gift__pull_codec(w, m->epoch)->fmt != GIFT_FMT_F32 || m->codec == NULL ||
+        (int)m->codec->format != (int)GIFT_FMT_F32 || f->payload_len != (uint64_t)ch->n * 4u ||
+        gift__pull_len(w, m->epoch, ch) != f->payload_len)
+        return NULL;
+    return pl->target + ch->off;
+}
+
 static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullReply *m,
                           const gift_frame_t *f)
 {
@@ -1039,7 +1081,7 @@ static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
         gift__lstate_t *pl = &w->pl[e->step & 1];
         if (pl->step == e->step && pl->state == GIFT__PL_PENDING) {
             gift__note_refusal(c, shard, "pull", e, code);
-            fail_pl(c, pl, code);
+            fail_pl(c, w, pl, code);
         }
         break;
     }

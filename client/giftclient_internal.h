@@ -347,6 +347,10 @@ typedef struct gift__io {
                      int64_t prio);
     /* Any thread: a monotonic clock in nanoseconds. */
     uint64_t (*now_ns)(void);
+    /* No payload may be received into [lo, hi) any more: a connection
+     * receiving one there (gift__eng_sink) drops the rest of it and skips
+     * the frame. NULL: the io never sinks. */
+    void (*unsink)(gift_client_t *c, const void *lo, const void *hi);
 } gift__io_t;
 
 struct gift_client {
@@ -559,6 +563,9 @@ void gift__eng_conn_down(gift_client_t *c, uint32_t shard);
 void gift__eng_conn_failed(gift_client_t *c, uint32_t shard, int code);
 /* A frame from shard; returns 0, or a negative code to drop the connection. */
 int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f);
+/* A frame whose header is in and payload not yet: where to receive its
+ * payload (payload_len bytes), or NULL to buffer it as usual. */
+void *gift__eng_sink(gift_client_t *c, uint32_t shard, const gift_frame_t *f);
 void gift__eng_tick(gift_client_t *c);
 void gift__eng_turn_end(gift_client_t *c);
 

@@ -321,6 +321,19 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
             return;
         }
     }
+    /* A frame whose header is in and whose payload is not: the engine may
+     * have it received straight into its destination (a pulled f32 chunk). */
+    if (u->connected && rc == 0 && (rc = gift_reader_peek(u->reader, &f)) != 0) {
+        void *dst;
+        if (rc < 0) {
+            fprintf(stderr, "giftclient: shard %u sent a broken stream: %s\n", u->shard,
+                    gift_strerror(rc));
+            conn_drop(u);
+            return;
+        }
+        if ((dst = gift__eng_sink(c, u->shard, &f)) != NULL)
+            (void)gift_reader_sink(u->reader, dst);
+    }
     wake_for_frame(u);
 }
 
@@ -475,6 +488,16 @@ static void net_wake(gift_client_t *c)
     uv_async_send(&c->net->async);
 }
 
+static void net_unsink(gift_client_t *c, const void *lo, const void *hi)
+{
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        uconn_t *u = &c->net->conns[i];
+        const uint8_t *d = u->reader != NULL ? gift_reader_sinking(u->reader) : NULL;
+        if (d != NULL && (uintptr_t)d >= (uintptr_t)lo && (uintptr_t)d < (uintptr_t)hi)
+            gift_reader_unsink(u->reader);
+    }
+}
+
 /* The engine's way to the network (gift__io_t): filled here, faked by
  * tests/client/test_engine.c. */
 static const gift__io_t net_io = {
@@ -486,6 +509,7 @@ static const gift__io_t net_io = {
     .queue = net_queue,
     .queue_raw = net_queue_raw,
     .now_ns = hrtime_ns,
+    .unsink = net_unsink,
 };
 
 int gift__net_start(gift_client_t *c)

@@ -71,6 +71,16 @@ struct gift_reader {
     uint64_t max_frame;
     uint32_t handshake; /* frames at the start that may carry no payload */
     uint64_t frames;    /* frames returned so far */
+    /* The front frame seen by gift_reader_peek (peeked: its env in peek_env)
+     * and, once sunk, its payload's destination: buf then holds only its
+     * preamble and header, at rpos, and sink_got of its sink_len payload
+     * bytes are at sink (or were dropped, sink_drop). */
+    int peeked;
+    Gift__Envelope *peek_env;
+    uint8_t *sink;
+    size_t sink_len, sink_got;
+    int sink_drop;
+    int reserved_sink; /* the last reserve handed out sink (or the drop area) */
     int err; /* sticky stream error, 0 while the stream is sound */
     uint64_t allocs;
     arena_t arena;
@@ -328,6 +338,23 @@ int gift_reader_reserve(gift_reader_t *r, size_t want, uint8_t **ptr, size_t *av
 
     if (r->err != 0)
         return r->err;
+    r->reserved_sink = 0;
+    if (r->sink != NULL && r->sink_got < r->sink_len) {
+        size_t left = r->sink_len - r->sink_got;
+        r->reserved_sink = 1;
+        if (!r->sink_drop) {
+            *ptr = r->sink + r->sink_got;
+            *avail = left;
+            return 0;
+        }
+        /* Dropped: read into the free tail of buf, which commit leaves free. */
+        if ((rc = reader_space(r, 1, r->cap > GIFT__READER_MIN_CAP ? r->cap : GIFT__READER_MIN_CAP,
+                               r->max_cap)) < 0)
+            return rc;
+        *ptr = r->buf + r->wpos;
+        *avail = r->cap - r->wpos < left ? r->cap - r->wpos : left;
+        return 0;
+    }
     if ((rc = reader_head(r)) < 0)
         return rc;
     limit = r->cap > r->max_cap ? r->cap : r->max_cap;
@@ -358,8 +385,96 @@ int gift_reader_reserve(gift_reader_t *r, size_t want, uint8_t **ptr, size_t *av
 
 void gift_reader_commit(gift_reader_t *r, size_t n)
 {
+    if (r->reserved_sink) {
+        assert(n <= r->sink_len - r->sink_got);
+        r->sink_got += n;
+        r->reserved_sink = 0;
+        return;
+    }
     assert(n <= r->cap - r->wpos);
     r->wpos += n;
+}
+
+int gift_reader_peek(gift_reader_t *r, gift_frame_t *f)
+{
+    const uint8_t *p;
+    Gift__Envelope *env;
+    uint32_t hlen;
+    int rc;
+
+    if (r->err != 0)
+        return r->err;
+    if (r->peeked || r->sink != NULL)
+        return 0;
+    if ((rc = reader_head(r)) <= 0)
+        return rc;
+    p = r->buf + r->rpos;
+    hlen = get_le32(p + 4);
+    if (r->wpos - r->rpos < GIFT_PREAMBLE_BYTES + (size_t)hlen ||
+        r->wpos - r->rpos >= r->head_total)
+        return 0; /* the header is not in yet, or the frame is complete */
+    arena_reset(&r->arena);
+    env = gift__envelope__unpack(&r->arena.pa, hlen, p + GIFT_PREAMBLE_BYTES);
+    if (env == NULL && r->arena.oom)
+        return GIFT_ENOMEM;
+    if (env == NULL || env->msg_case == GIFT__ENVELOPE__MSG__NOT_SET) {
+        r->err = GIFT_EBADHEADER;
+        return r->err;
+    }
+    r->peeked = 1;
+    r->peek_env = env;
+    f->env = env;
+    f->header_len = hlen;
+    f->payload_len = r->head_total - GIFT_PREAMBLE_BYTES - hlen;
+    f->payload = NULL;
+    return 1;
+}
+
+int gift_reader_sink(gift_reader_t *r, void *dst)
+{
+    size_t hh, have;
+    if (!r->peeked || r->sink != NULL || dst == NULL || r->err != 0)
+        return GIFT_EINVAL;
+    hh = GIFT_PREAMBLE_BYTES + get_le32(r->buf + r->rpos + 4);
+    have = r->wpos - r->rpos - hh; /* < the payload: the frame is not complete */
+    r->sink = dst;
+    r->sink_len = r->head_total - hh;
+    r->sink_got = have;
+    r->sink_drop = 0;
+    memcpy(dst, r->buf + r->rpos + hh, have);
+    r->wpos = r->rpos + hh;
+    return 0;
+}
+
+void gift_reader_unsink(gift_reader_t *r)
+{
+    if (r->sink != NULL)
+        r->sink_drop = 1;
+}
+
+const void *gift_reader_sinking(const gift_reader_t *r)
+{
+    return r->sink != NULL && !r->sink_drop ? r->sink : NULL;
+}
+
+/* The sunk front frame, complete: its frame (or, dropped, 0 and skipped). */
+static int sink_next(gift_reader_t *r, gift_frame_t *f)
+{
+    size_t hh = GIFT_PREAMBLE_BYTES + get_le32(r->buf + r->rpos + 4);
+    int drop = r->sink_drop;
+    f->env = r->peek_env;
+    f->header_len = (uint32_t)(hh - GIFT_PREAMBLE_BYTES);
+    f->payload_len = r->sink_len;
+    f->payload = r->sink;
+    r->rpos += hh;
+    r->head_total = 0;
+    r->frames++;
+    r->peeked = 0;
+    r->peek_env = NULL;
+    r->sink = NULL;
+    r->sink_len = r->sink_got = 0;
+    r->sink_drop = 0;
+    return drop ? 0 : 1;
 }
 
 /* Takes all len bytes. The buffer grows to hold them (and, once the front
@@ -372,6 +487,8 @@ int gift_reader_feed(gift_reader_t *r, const void *buf, size_t len)
 
     if (r->err != 0)
         return r->err;
+    if (r->sink != NULL)
+        return GIFT_EINVAL; /* a sunk payload is read through reserve only */
     if ((rc = reader_head(r)) < 0)
         return rc;
     if (len == 0)
@@ -403,12 +520,25 @@ int gift_reader_next(gift_reader_t *r, gift_frame_t *f)
 
     if (r->err != 0)
         return r->err;
+    if (r->sink != NULL) {
+        if (r->sink_got < r->sink_len)
+            return 0;
+        if (sink_next(r, f) == 1)
+            return 1;
+        /* dropped: on to the next frame */
+    }
     if ((rc = reader_head(r)) <= 0)
         return rc;
     if (r->wpos - r->rpos < r->head_total)
         return 0;
     p = r->buf + r->rpos;
     hlen = get_le32(p + 4);
+    if (r->peeked) { /* peeked while incomplete, not sunk: its header is unpacked */
+        env = r->peek_env;
+        r->peeked = 0;
+        r->peek_env = NULL;
+        goto have_env;
+    }
     arena_reset(&r->arena);
     env = gift__envelope__unpack(&r->arena.pa, hlen, p + GIFT_PREAMBLE_BYTES);
     if (env == NULL && r->arena.oom)
@@ -417,6 +547,7 @@ int gift_reader_next(gift_reader_t *r, gift_frame_t *f)
         r->err = GIFT_EBADHEADER;
         return r->err;
     }
+have_env:
     f->env = env;
     f->header_len = (uint32_t)hlen;
     f->payload_len = r->head_total - GIFT_PREAMBLE_BYTES - hlen;
@@ -429,7 +560,7 @@ int gift_reader_next(gift_reader_t *r, gift_frame_t *f)
 
 int gift_reader_eof(gift_reader_t *r)
 {
-    if (r->err == 0 && reader_head(r) >= 0 && r->wpos != r->rpos)
+    if (r->err == 0 && reader_head(r) >= 0 && (r->wpos != r->rpos || r->sink != NULL))
         r->err = GIFT_ETRUNCATED;
     return r->err;
 }
@@ -442,6 +573,8 @@ size_t gift_reader_buffered(const gift_reader_t *r)
 size_t gift_reader_missing(const gift_reader_t *r)
 {
     size_t used = r->wpos - r->rpos;
+    if (r->err == 0 && r->sink != NULL)
+        return r->sink_len - r->sink_got;
     return r->err == 0 && r->head_total > used ? r->head_total - used : 0;
 }
 

@@ -86,6 +86,32 @@ int gift_reader_next(gift_reader_t *r, gift_frame_t *f);
  * of a frame is buffered, else 0 (or the sticky error). */
 int gift_reader_eof(gift_reader_t *r);
 
+/* Receiving a payload into the caller's memory (the client's pull replies):
+ *
+ * gift_reader_peek returns 1 and fills *f (env, header_len, payload_len;
+ * payload NULL) once the front frame's preamble and header are buffered
+ * while its payload is not complete yet, once per frame; else 0 (a complete
+ * frame waits for gift_reader_next, or nothing to peek), or the header's
+ * unpacking error (GIFT_EBADHEADER, sticky; GIFT_ENOMEM, not). f->env stays
+ * valid until the frame is taken by gift_reader_next.
+ *
+ * gift_reader_sink(r, dst), right after a peek that returned 1, puts the
+ * frame's payload at dst (payload_len bytes, the caller's): the bytes
+ * already buffered are copied there now, and reserve hands out the rest of
+ * dst to read into. gift_reader_next then returns the frame with payload ==
+ * dst. Returns 0, or GIFT_EINVAL when no frame was just peeked.
+ *
+ * gift_reader_unsink: dst must not be written any more. The rest of the
+ * payload is read into the reader's own buffer and dropped, and the frame
+ * is skipped (gift_reader_next never returns it). Nothing when not sinking.
+ * gift_reader_sinking says whether a sink is active, and where. While a
+ * sink is active, bytes go in through reserve/commit only (feed refuses
+ * them with GIFT_EINVAL). */
+int gift_reader_peek(gift_reader_t *r, gift_frame_t *f);
+int gift_reader_sink(gift_reader_t *r, void *dst);
+void gift_reader_unsink(gift_reader_t *r);
+const void *gift_reader_sinking(const gift_reader_t *r);
+
 /* Bytes buffered and not yet returned as frames. */
 size_t gift_reader_buffered(const gift_reader_t *r);
 

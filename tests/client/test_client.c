@@ -1358,7 +1358,8 @@ static void counters(gift_client_t *c, gift_client_counters_t *k)
  * (checked, not copied); in place it is copied first; a NaN found by the
  * check fails the push and a clean retry of the step still completes; a
  * timed-out op's grad is copied into the push's own buffer before the op
- * completes. Counted in gift_client_counters. */
+ * completes. Pulled chunks are decoded or received in place; either way the
+ * mean is exact. Counted in gift_client_counters. */
 START_TEST(test_zero_copy)
 {
     enum { ROWS = 2048, COLS = 1024 }; /* 8 MiB of FP32: 8 chunks of 1 MiB */
@@ -1407,11 +1408,17 @@ START_TEST(test_zero_copy)
         if (nan) {
             ck_assert_msg(rc == GIFT_ENONFINITE, "step %d: a NaN in the last chunk: %s", step,
                           gift_strerror(rc));
+            /* Every chunk checked where it was, none copied; the pull may
+             * have received the chunks that went out before the failure. */
             ck_assert_msg(PASS_D(k0, k1, GIFT_PASS_ENCODE) == 0 &&
-                              PASS_D(k0, k1, GIFT_PASS_CHECK) == nb,
-                          "step %d: encode %llu check %llu bytes, want 0 and %zu", step,
-                          (unsigned long long)PASS_D(k0, k1, GIFT_PASS_ENCODE),
-                          (unsigned long long)PASS_D(k0, k1, GIFT_PASS_CHECK), nb);
+                              PASS_D(k0, k1, GIFT_PASS_CHECK) >= nb &&
+                              PASS_D(k0, k1, GIFT_PASS_CHECK) + PASS_D(k0, k1, GIFT_PASS_DECODE) <
+                                  2 * nb,
+                          "step %d: encode %llu check %llu decode %llu bytes, want 0, at least "
+                          "%zu, and check + decode below %zu",
+                          step, (unsigned long long)PASS_D(k0, k1, GIFT_PASS_ENCODE),
+                          (unsigned long long)PASS_D(k0, k1, GIFT_PASS_CHECK),
+                          (unsigned long long)PASS_D(k0, k1, GIFT_PASS_DECODE), nb, 2 * nb);
             /* The same step again, clean: the chunks that went out from grad
              * are acknowledged as duplicates. */
             memcpy(g, keep, nb);
@@ -1427,12 +1434,16 @@ START_TEST(test_zero_copy)
         if (!nan) {
             uint64_t enc = PASS_D(k0, k1, GIFT_PASS_ENCODE), chk = PASS_D(k0, k1, GIFT_PASS_CHECK);
             uint64_t dec = PASS_D(k0, k1, GIFT_PASS_DECODE);
-            ck_assert_msg(enc == (inplace ? nb : 0) && chk == (inplace ? 0 : nb) && dec == nb,
-                          "step %d (%s): encode %llu check %llu decode %llu bytes, want %zu %zu "
-                          "%zu",
+            /* Each pulled chunk is decoded from the reader's buffer, or
+             * received in place and only checked (gift__eng_sink), as the
+             * reads happen to fall. */
+            ck_assert_msg(enc == (inplace ? nb : 0) && chk >= (inplace ? 0 : nb) &&
+                              chk + dec == (inplace ? nb : 2 * nb),
+                          "step %d (%s): encode %llu check %llu decode %llu bytes, want "
+                          "encode %zu and check + decode %zu",
                           step, inplace ? "in place" : "out apart", (unsigned long long)enc,
                           (unsigned long long)chk, (unsigned long long)dec, inplace ? nb : 0,
-                          inplace ? 0 : nb, nb);
+                          inplace ? nb : 2 * nb);
             ck_assert_msg(k1.payload_out - k0.payload_out == nb &&
                               k1.payload_in - k0.payload_in == nb,
                           "step %d: payload out %llu in %llu, want %zu each", step,
@@ -1462,7 +1473,8 @@ START_TEST(test_zero_copy)
     gift_op_free(op);
     counters(c, &k1);
     ck_assert_msg(rc == GIFT_ETIMEDOUT, "alone in a world of 2: %s", gift_strerror(rc));
-    ck_assert_msg(PASS_D(k0, k1, GIFT_PASS_COPY) == nb && PASS_D(k0, k1, GIFT_PASS_CHECK) == nb,
+    ck_assert_msg(PASS_D(k0, k1, GIFT_PASS_COPY) == nb && PASS_D(k0, k1, GIFT_PASS_CHECK) == nb &&
+                      PASS_D(k0, k1, GIFT_PASS_DECODE) == 0,
                   "after the timeout: copy %llu check %llu bytes, want %zu each",
                   (unsigned long long)PASS_D(k0, k1, GIFT_PASS_COPY),
                   (unsigned long long)PASS_D(k0, k1, GIFT_PASS_CHECK), nb);

@@ -1287,6 +1287,128 @@ START_TEST(test_reserve_commit)
 }
 END_TEST
 
+/* Payloads received into the caller's memory: three frames (payloads of
+ * 30007, 0 and 60007 bytes) through reserve/commit in random pieces; each
+ * frame with a payload that peek sees before it is complete is, by _i's
+ * bits, sunk into its own buffer (kept), sunk and then unsunk part way
+ * (dropped: next never returns it), or left in the reader. A peek comes
+ * once per frame; missing() counts what the sink still lacks; feed refuses
+ * bytes while a sink is active; the frame after each one is intact. */
+START_TEST(test_sink)
+{
+    uint64_t s = 45 + (uint64_t)_i;
+    expect_t exp[3];
+    uint8_t *payload = t_alloc(100000), *p, *dst[3];
+    bytes_t b = {0};
+    size_t i, off = 0, avail, n, got = 0, sunk_at[3] = {0};
+    int rc, mode[3], state[3] = {0}; /* 0 not peeked, 1 peeked, 2 sunk, 3 unsunk */
+    gift_frame_t f;
+
+    for (i = 0; i < 3; i++) {
+        exp[i].env = gen_env((int)(3 * i + 2), &s);
+        exp[i].payload_len = i == 1 ? 0 : 30000 * i + 7;
+        rng_fill(&s, payload, exp[i].payload_len);
+        exp[i].payload_off = frame_append(&b, exp[i].env, payload, exp[i].payload_len);
+        dst[i] = t_alloc(exp[i].payload_len + 1);
+        mode[i] = (_i >> (2 * i)) & 3; /* 0 leave, 1 sink, 2 sink then unsink, 3 sink */
+    }
+    for (i = 0; i < 3; i++)
+        exp[i].payload = b.p + exp[i].payload_off;
+    while (off < b.len) {
+        size_t want = 1 + rng_below(&s, 5000);
+
+        rc = gift_reader_reserve(rd, want, &p, &avail);
+        require(rc == 0, "reserve(%zu) = %d (%s)", want, rc, gift_strerror(rc));
+        require(avail >= 1, "reserve(%zu) at %zu: avail %zu", want, off, avail);
+        n = 1 + rng_below(&s, avail < 7000 ? avail : 7000);
+        n = n < b.len - off ? n : b.len - off;
+        memcpy(p, b.p + off, n);
+        gift_reader_commit(rd, n);
+        off += n;
+        while ((rc = gift_reader_next(rd, &f)) == 1) {
+            while (got < 3 && state[got] == 3)
+                got++; /* dropped: never returned */
+            require(got < 3, "a frame after the last");
+            check_frame(&f, &exp[got], got);
+            if (state[got] == 2)
+                require(f.payload == dst[got], "frame %zu: payload at %p, want its sink %p", got,
+                        (const void *)f.payload, (const void *)dst[got]);
+            got++;
+        }
+        require(rc == 0, "next = %d (%s)", rc, gift_strerror(rc));
+        for (i = 0; i < 3; i++)
+            if (state[i] == 2 && mode[i] == 2 && off > sunk_at[i] + 10000 &&
+                off < exp[i].payload_off + exp[i].payload_len) {
+                gift_reader_unsink(rd);
+                require(gift_reader_sinking(rd) == NULL, "frame %zu: still sinking", i);
+                state[i] = 3;
+            }
+        rc = gift_reader_peek(rd, &f);
+        require(rc >= 0, "peek = %d", rc);
+        if (rc == 1) {
+            size_t k = got;
+            while (k < 3 && state[k] == 3)
+                k++;
+            require(k < 3 && state[k] == 0, "peek of frame %zu in state %d", k, k < 3 ? state[k] : -1);
+            require(f.payload == NULL && f.payload_len == exp[k].payload_len &&
+                        f.env->msg_case == exp[k].env->msg_case,
+                    "peek of frame %zu: payload %p len %" PRIu64 " (want %zu)", k,
+                    (const void *)f.payload, f.payload_len, exp[k].payload_len);
+            require(gift_reader_peek(rd, &f) == 0, "frame %zu peeked twice", k);
+            state[k] = 1;
+            if (mode[k] != 0) {
+                require(gift_reader_sink(rd, dst[k]) == 0, "sink of frame %zu", k);
+                require(gift_reader_sinking(rd) == dst[k], "frame %zu: sinking %p", k,
+                        gift_reader_sinking(rd));
+                require(gift_reader_missing(rd) == exp[k].payload_off + exp[k].payload_len - off,
+                        "frame %zu: missing %zu, want %zu", k, gift_reader_missing(rd),
+                        exp[k].payload_off + exp[k].payload_len - off);
+                require(gift_reader_feed(rd, "x", 1) == GIFT_EINVAL, "feed while sinking");
+                state[k] = 2;
+                sunk_at[k] = off;
+            }
+        }
+    }
+    while (got < 3 && state[got] == 3)
+        got++;
+    require(got == 3, "%zu frames", got);
+    require(gift_reader_eof(rd) == 0, "eof = %d", gift_reader_eof(rd));
+    require(gift_reader_sink(rd, dst[0]) == GIFT_EINVAL, "sink with nothing peeked");
+    bytes_free(&b);
+}
+END_TEST
+
+/* A stream that ends inside a sunk payload is truncated. */
+START_TEST(test_sink_truncated)
+{
+    uint64_t s = 46;
+    Gift__Envelope *env = gen_env(GIFT__ENVELOPE__MSG_PULL_REPLY, &s);
+    uint8_t payload[4000], dst[4000], *p;
+    bytes_t b = {0};
+    size_t hs, avail;
+    gift_frame_t f;
+
+    rng_fill(&s, payload, sizeof payload);
+    frame_append(&b, env, payload, sizeof payload);
+    hs = gift_frame_head_size(env);
+    ck_assert_int_eq(gift_reader_reserve(rd, hs + 10, &p, &avail), 0);
+    memcpy(p, b.p, hs + 10);
+    gift_reader_commit(rd, hs + 10);
+    ck_assert_int_eq(gift_reader_next(rd, &f), 0);
+    ck_assert_int_eq(gift_reader_peek(rd, &f), 1);
+    ck_assert_int_eq(gift_reader_sink(rd, dst), 0);
+    ck_assert_int_eq(gift_reader_reserve(rd, 100, &p, &avail), 0);
+    ck_assert_msg(p == dst + 10 && avail == sizeof dst - 10, "reserve in the sink: %p + %zu",
+                  (void *)p, avail);
+    memcpy(p, b.p + hs + 10, 100);
+    gift_reader_commit(rd, 100);
+    ck_assert_int_eq(gift_reader_next(rd, &f), 0);
+    ck_assert_msg(memcmp(dst, payload, 110) == 0, "the sunk bytes differ");
+    ck_assert_int_eq(gift_reader_eof(rd), GIFT_ETRUNCATED);
+    bytes_free(&b);
+}
+END_TEST
+
 /* Once a preamble has passed and the buffer must grow, reserve and feed
  * grow it straight to that frame's size (one allocation, not a doubling per
  * step), and reserve no further, whatever the caller asks for. */
@@ -1416,6 +1538,8 @@ static Suite *frame_suite(void)
     tcase_add_test(reuse, test_arena_large_header);
     tcase_add_test(reuse, test_reserve_commit);
     tcase_add_test(reuse, test_grow_to_frame_size);
+    tcase_add_loop_test(reuse, test_sink, 0, 64);
+    tcase_add_test(reuse, test_sink_truncated);
     suite_add_tcase(s, reuse);
 
     tcase_add_checked_fixture(rnd, setup, teardown);
