@@ -395,6 +395,25 @@ void gift_reader_commit(gift_reader_t *r, size_t n)
     r->wpos += n;
 }
 
+/* Unpacks the header of the frame at p (hlen bytes after its preamble) into
+ * the arena. GIFT_ENOMEM is not sticky (the frame stays buffered for a
+ * retry); a header that does not unpack, or names no message, is the
+ * stream's sticky GIFT_EBADHEADER. */
+static int unpack_head(gift_reader_t *r, const uint8_t *p, uint32_t hlen, Gift__Envelope **out)
+{
+    Gift__Envelope *env;
+    arena_reset(&r->arena);
+    env = gift__envelope__unpack(&r->arena.pa, hlen, p + GIFT_PREAMBLE_BYTES);
+    if (env == NULL && r->arena.oom)
+        return GIFT_ENOMEM;
+    if (env == NULL || env->msg_case == GIFT__ENVELOPE__MSG__NOT_SET) {
+        r->err = GIFT_EBADHEADER;
+        return r->err;
+    }
+    *out = env;
+    return 0;
+}
+
 int gift_reader_peek(gift_reader_t *r, gift_frame_t *f)
 {
     const uint8_t *p;
@@ -413,14 +432,8 @@ int gift_reader_peek(gift_reader_t *r, gift_frame_t *f)
     if (r->wpos - r->rpos < GIFT_PREAMBLE_BYTES + (size_t)hlen ||
         r->wpos - r->rpos >= r->head_total)
         return 0; /* the header is not in yet, or the frame is complete */
-    arena_reset(&r->arena);
-    env = gift__envelope__unpack(&r->arena.pa, hlen, p + GIFT_PREAMBLE_BYTES);
-    if (env == NULL && r->arena.oom)
-        return GIFT_ENOMEM;
-    if (env == NULL || env->msg_case == GIFT__ENVELOPE__MSG__NOT_SET) {
-        r->err = GIFT_EBADHEADER;
-        return r->err;
-    }
+    if ((rc = unpack_head(r, p, hlen, &env)) < 0)
+        return rc;
     r->peeked = 1;
     r->peek_env = env;
     f->env = env;
@@ -539,14 +552,8 @@ int gift_reader_next(gift_reader_t *r, gift_frame_t *f)
         r->peek_env = NULL;
         goto have_env;
     }
-    arena_reset(&r->arena);
-    env = gift__envelope__unpack(&r->arena.pa, hlen, p + GIFT_PREAMBLE_BYTES);
-    if (env == NULL && r->arena.oom)
-        return GIFT_ENOMEM; /* not sticky: the frame stays buffered for a retry */
-    if (env == NULL || env->msg_case == GIFT__ENVELOPE__MSG__NOT_SET) {
-        r->err = GIFT_EBADHEADER;
-        return r->err;
-    }
+    if ((rc = unpack_head(r, p, hlen, &env)) < 0)
+        return rc;
 have_env:
     f->env = env;
     f->header_len = (uint32_t)hlen;
