@@ -44,9 +44,10 @@ typedef struct gift_limits {
     uint32_t handshake_frames;
 } gift_limits_t;
 
-/* One decoded frame. env and payload point into the reader and stay valid
- * until the next gift_reader_next, gift_reader_reserve, gift_reader_feed or
- * gift_reader_free on the same reader. */
+/* One decoded frame. env and payload point into the reader (payload: or
+ * into the caller's sink, gift_reader_sink) and stay valid until the next
+ * gift_reader_next, gift_reader_peek, gift_reader_reserve, gift_reader_feed
+ * or gift_reader_free on the same reader. */
 typedef struct gift_frame {
     Gift__Envelope *env;    /* the header; env->msg_case says which message */
     uint32_t header_len;    /* bytes of the packed header on the wire */
