@@ -40,6 +40,8 @@ static struct {
     size_t ninflight;
     int connected[NSHARD];
     int wakes, connects, shutdowns, drops, backoff_resets;
+    int unsinks;
+    const void *unsink_lo, *unsink_hi;
     uint64_t now;
 } F;
 
@@ -138,6 +140,14 @@ static void fake_backoff_reset(gift_client_t *c, uint32_t shard)
     F.backoff_resets++;
 }
 
+static void fake_unsink(gift_client_t *c, const void *lo, const void *hi)
+{
+    (void)c;
+    F.unsinks++;
+    F.unsink_lo = lo;
+    F.unsink_hi = hi;
+}
+
 static uint64_t fake_now(void)
 {
     return F.now;
@@ -152,6 +162,7 @@ static const gift__io_t FAKE_IO = {
     .queue = fake_queue,
     .queue_raw = fake_queue_raw,
     .now_ns = fake_now,
+    .unsink = fake_unsink,
 };
 
 /* The end of a loop turn as net.c's check handle runs it, then every write
@@ -504,6 +515,143 @@ START_TEST(test_op_timeout)
 }
 END_TEST
 
+/* The head of chunk j's PullReply for step, as the reader peeks at it
+ * before the payload is in (payload NULL, payload_len len): env and its
+ * parts live in *h. */
+typedef struct reply_head {
+    Gift__Envelope env;
+    Gift__PullReply r;
+    Gift__Codec cd;
+    gift_frame_t f;
+} reply_head_t;
+
+static gift_frame_t *reply_head(reply_head_t *h, uint32_t key, uint32_t chunk, uint64_t step,
+                                int format, uint64_t len)
+{
+    gift__envelope__init(&h->env);
+    gift__pull_reply__init(&h->r);
+    gift__codec__init(&h->cd);
+    h->cd.format = (Gift__Format)format;
+    h->r.key = key;
+    h->r.chunk = chunk;
+    h->r.step = step;
+    h->r.codec = &h->cd;
+    h->r.contributors = 2;
+    h->env.msg_case = GIFT__ENVELOPE__MSG_PULL_REPLY;
+    h->env.pull_reply = &h->r;
+    h->f.env = &h->env;
+    h->f.header_len = (uint32_t)gift__envelope__get_packed_size(&h->env);
+    h->f.payload = NULL;
+    h->f.payload_len = len;
+    return &h->f;
+}
+
+/* Where a pulled chunk's payload may be received directly
+ * (gift__eng_sink): only the f32 chunk this pull waits for, from its own
+ * shard, at exactly its length; received there, it is checked, not copied,
+ * and the mean is exact. */
+START_TEST(test_sink)
+{
+    const gift__chunk_t *c0 = &C->chunks[0], *c1 = &C->chunks[1];
+    uint64_t seq[2], n4 = (uint64_t)c0->n * 4u;
+    gift_client_counters_t k0, k1;
+    reply_head_t h;
+    gift_frame_t *f;
+    float *dst;
+    int st = 1;
+    gift_op_t *op = push_pull_at(0, __LINE__);
+
+    expect_push_pull_at(0, seq, __LINE__);
+    struct {
+        uint32_t shard, key, chunk;
+        uint64_t step;
+        int format;
+        uint64_t len;
+        const char *what;
+    } no[] = {
+        {c0->shard, 0, c0->idx, 0, GIFT__FORMAT__FORMAT_F32, n4 - 4, "a length 4 bytes short"},
+        {c0->shard, 0, c0->idx, 0, GIFT__FORMAT__FORMAT_F32, n4 + 64, "a length 64 bytes long"},
+        {c0->shard, 0, c0->idx, 0, GIFT__FORMAT__FORMAT_BF16, n4, "another codec"},
+        {c1->shard, 0, c0->idx, 0, GIFT__FORMAT__FORMAT_F32, n4, "another shard's connection"},
+        {c0->shard, 0, c0->idx, 1, GIFT__FORMAT__FORMAT_F32, n4, "a step not pulled"},
+        {c0->shard, 0, c0->idx, 2, GIFT__FORMAT__FORMAT_F32, n4, "a step of the same parity"},
+        {c0->shard, 9, c0->idx, 0, GIFT__FORMAT__FORMAT_F32, n4, "an unknown key"},
+        {c0->shard, 0, 2, 0, GIFT__FORMAT__FORMAT_F32, n4, "chunk 2 of 2"},
+        {c0->shard, 0, UINT32_MAX, 0, GIFT__FORMAT__FORMAT_F32, n4, "chunk 2^32-1"},
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        f = reply_head(&h, no[i].key, no[i].chunk, no[i].step, no[i].format, no[i].len);
+        ck_assert_msg(gift__eng_sink(C, no[i].shard, f) == NULL, "sunk with %s", no[i].what);
+    }
+    {
+        Gift__Envelope env = GIFT__ENVELOPE__INIT;
+        Gift__PushAck a = GIFT__PUSH_ACK__INIT;
+        env.msg_case = GIFT__ENVELOPE__MSG_PUSH_ACK;
+        env.push_ack = &a;
+        h.f.env = &env;
+        ck_assert_ptr_null(gift__eng_sink(C, c0->shard, &h.f));
+    }
+    f = reply_head(&h, 0, c0->idx, 0, GIFT__FORMAT__FORMAT_F32, n4);
+    dst = gift__eng_sink(C, c0->shard, f);
+    ck_assert_msg(dst == OUT + c0->off, "chunk 0 sinks at %p, want out + %zu = %p", (void *)dst,
+                  c0->off, (void *)(OUT + c0->off));
+    memcpy(dst, M + c0->off, n4); /* the reader fills it */
+    memset(&k0, 0, sizeof k0);
+    k0.size = sizeof k0;
+    ck_assert_int_eq(gift_client_counters(C, &k0), 0);
+    h.r.seq = seq[0];
+    f->payload = (const uint8_t *)dst;
+    ck_assert_int_eq(gift__eng_frame(C, c0->shard, f), 0);
+    k1 = k0;
+    ck_assert_int_eq(gift_client_counters(C, &k1), 0);
+    ck_assert_msg(k1.pass_bytes[GIFT_PASS_CHECK] - k0.pass_bytes[GIFT_PASS_CHECK] == n4 &&
+                      k1.pass_bytes[GIFT_PASS_DECODE] == k0.pass_bytes[GIFT_PASS_DECODE],
+                  "received in place: check +%llu decode +%llu bytes, want +%llu and 0",
+                  (unsigned long long)(k1.pass_bytes[GIFT_PASS_CHECK] -
+                                       k0.pass_bytes[GIFT_PASS_CHECK]),
+                  (unsigned long long)(k1.pass_bytes[GIFT_PASS_DECODE] -
+                                       k0.pass_bytes[GIFT_PASS_DECODE]),
+                  (unsigned long long)n4);
+    turn();
+    f = reply_head(&h, 0, c0->idx, 0, GIFT__FORMAT__FORMAT_F32, n4);
+    ck_assert_msg(gift__eng_sink(C, c0->shard, f) == NULL, "chunk 0 sunk again once it is in");
+    ck_assert_msg(!gift_op_test(op, &st), "the op is done with one chunk of two");
+    reply_at(0, 1, seq[1], __LINE__); /* decoded from the reader's buffer */
+    turn();
+    ck_assert_msg(gift_op_test(op, &st) && st == 0, "op: done %d status %d", gift_op_test(op, NULL),
+                  st);
+    ck_assert_msg(memcmp(OUT, M, sizeof M) == 0, "out is not the replied mean");
+    ck_assert_msg(F.unsinks == 0, "%d unsinks for a pull that completed", F.unsinks);
+    gift_op_free(op);
+}
+END_TEST
+
+/* A pull that times out while its chunk is being received in place
+ * unsinks its whole target first: no connection writes into out after the
+ * op has completed. */
+START_TEST(test_sink_timeout)
+{
+    const gift__chunk_t *c0 = &C->chunks[0];
+    uint64_t seq[2];
+    reply_head_t h;
+    int st = 0;
+    gift_op_t *op = push_pull_at(0, __LINE__);
+
+    expect_push_pull_at(0, seq, __LINE__);
+    ck_assert_ptr_nonnull(gift__eng_sink(
+        C, c0->shard, reply_head(&h, 0, c0->idx, 0, GIFT__FORMAT__FORMAT_F32, c0->n * 4u)));
+    F.now += 1001000000ull;
+    gift__eng_tick(C);
+    ck_assert_msg(gift_op_test(op, &st) && st == GIFT_ETIMEDOUT, "op: done %d status %d",
+                  gift_op_test(op, NULL), st);
+    ck_assert_msg(F.unsinks >= 1 && F.unsink_lo == (const void *)OUT &&
+                      F.unsink_hi == (const void *)(OUT + ROWS * COLS),
+                  "%d unsinks, the last of [%p, %p), want [%p, %p)", F.unsinks, F.unsink_lo,
+                  F.unsink_hi, (void *)OUT, (void *)(OUT + ROWS * COLS));
+    gift_op_free(op);
+}
+END_TEST
+
 /* A shard's Error for the pull fails the op with its code. */
 START_TEST(test_shard_error)
 {
@@ -582,6 +730,8 @@ static Suite *engine_suite(void)
     tcase_add_checked_fixture(ops, fx_declared, fx_close);
     tcase_add_test(ops, test_push_pull);
     tcase_add_test(ops, test_op_timeout);
+    tcase_add_test(ops, test_sink);
+    tcase_add_test(ops, test_sink_timeout);
     tcase_add_test(ops, test_shard_error);
     tcase_add_test(ops, test_reconnect_replay);
     tcase_add_test(ops, test_close);
