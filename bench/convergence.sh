@@ -100,7 +100,9 @@ run_one() {
     servers="${servers:+$servers,}127.0.0.1:$port"
   done
   printf '{"geometry_decay": %s, "giftd_policy_args": "%s"}\n' "$geometry_decay" "${pol[*]}" >"$dir/server.json"
-  local mport=$((20000 + RANDOM % 20000)) wp=() r rc=0 dump=()
+  # the rendezvous port: below the kernel's ephemeral range (32768-), where no
+  # outgoing connection can hold it
+  local mport=$((10000 + RANDOM % 20000)) wp=() r rc=0 dump=()
   if [ "$comm" = f32 ] && [ "$seed" = "$first_seed" ] && { [ "$fidelity" = 1 ] || [ "$dump_given" = 1 ]; }; then
     dump=(--dump "$out/dump" --dump-steps "$dump_steps")
   fi

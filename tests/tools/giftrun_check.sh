@@ -22,6 +22,8 @@
 # GIFT_TEST_PRELOAD (the sanitizer build's runtimes) goes into LD_PRELOAD of
 # the Python workers only.
 set -euo pipefail
+# shellcheck source=ports.sh
+. "$(dirname "$0")/ports.sh"
 
 giftrun=${1:?usage: giftrun_check.sh GIFTRUN PUSH_PULL SOURCE_DIR}
 push_pull=${2:?}
@@ -191,7 +193,7 @@ step "SIGINT: giftrun exited 130 within ${secs} s; nothing left"
 # --- 4. shards and workers started apart -----------------------------------------
 base=
 for _ in 1 2 3 4 5; do
-    try=$((20000 + 2 * (RANDOM % 15000)))
+    try=$(free_base_port 4)
     "${run[@]}" --workers 0 --shards 2 --world 4 --nnodes 2 --node-rank 0 --bind 127.0.0.1 \
         --base-port "$try" >"$work/shards.out" 2>&1 &
     bg=$!

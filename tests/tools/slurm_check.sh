@@ -10,6 +10,8 @@
 # of the run may be left. Exit 77 (skipped) without torch. GIFT_TEST_PRELOAD
 # (the sanitizer build's runtimes) goes into LD_PRELOAD of the workers' Python.
 set -euo pipefail
+# shellcheck source=ports.sh
+. "$(dirname "$0")/ports.sh"
 
 bin=${1:?usage: slurm_check.sh BINARY_DIR SOURCE_DIR}
 src=${2:?}
@@ -73,8 +75,8 @@ unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
 export OPENBLAS_NUM_THREADS=1
 
 rc=1
-for _ in 1 2 3; do # a fixed port may be taken: try another
-    port=$((20000 + 2 * (RANDOM % 15000)))
+for _ in 1 2 3 4 5; do # a fixed port may still be taken between check and bind: try another
+    port=$(free_base_port 4)
     rc=0
     PATH=$work/fake:$PATH SLURM_JOB_ID=4242 SLURM_SUBMIT_DIR=$src \
         SLURM_JOB_NODELIST_HET_GROUP_0=127.0.0.1 SLURM_JOB_NODELIST_HET_GROUP_1=127.0.0.1 \
