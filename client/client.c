@@ -363,6 +363,15 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
     c->rank = (int)rank;
     c->world = (int)world;
     c->chunk_bytes = o.chunk_bytes ? o.chunk_bytes : GIFT__CHUNK_DEFAULT;
+    if (!o.chunk_bytes && (v = getenv("GIFT_CHUNK_BYTES")) != NULL && *v != '\0') {
+        long b = parse_uint(v, 1l << 30);
+        if (b < 64) {
+            fprintf(stderr, "giftclient: GIFT_CHUNK_BYTES=%s is not a number of bytes "
+                            "64..%ld\n", v, 1l << 30);
+            goto fail;
+        }
+        c->chunk_bytes = (uint64_t)b;
+    }
     if (c->chunk_bytes < 64)
         goto fail;
     c->timeout_ms = o.timeout_ms ? o.timeout_ms : GIFT__TIMEOUT_DEFAULT;
@@ -898,8 +907,10 @@ static int wires_name(gift_client_t *c, size_t n)
         if ((w->name = strdup(nm)) == NULL)
             return GIFT_ENOMEM;
         /* The tensor's priority first; then, within a turn, pushes before
-         * pulls (a shard refuses a pull for a chunk nobody has pushed yet);
-         * pushes later-declared first, pulls earlier-declared first. */
+         * pulls that have no push of their own (a shard refuses a pull for a
+         * chunk nobody has pushed yet); pushes later-declared first, pulls
+         * earlier-declared first. A Pull behind its own push takes the push's
+         * priority instead (gift__send_pull_chunks). */
         w->push_prio = (int64_t)w->prio * (1ll << 33) + (1ll << 32) + hi;
         w->pull_prio = (int64_t)w->prio * (1ll << 33) + (int64_t)(UINT32_MAX - lo);
     }

@@ -62,7 +62,14 @@ void gift__send_push_chunks(gift_client_t *c, gift__wire_t *w, gift__pstate_t *p
 /* Queues the Pull of every chunk of pl not yet queued. A chunk whose push of
  * the same step this worker has not queued yet waits for it (a fused bucket
  * still assembling, a connection coming back): a shard refuses a pull for a
- * chunk that nobody has pushed, and on one connection the push goes first. */
+ * chunk that nobody has pushed, and on one connection the push goes first.
+ * A Pull behind this worker's own push takes that push's priority, so it
+ * leaves right behind it rather than behind every push of the turn: the
+ * shard parks it as soon as the chunk's data is in and replies the moment
+ * the chunk completes, while later chunks are still arriving. Behind all the
+ * pushes, a turn's Pulls reached the shard only once the last push had
+ * crossed the link, and the replies started only then (measured on a
+ * shaped link: RESULTS, time to quality). */
 void gift__send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
 {
     const gift__pstate_t *ps = &w->ps[pl->step & 1];
@@ -80,7 +87,8 @@ void gift__send_pull_chunks(gift_client_t *c, gift__wire_t *w, gift__lstate_t *p
         m.seq = next_seq(c, GIFT__SEQ_PULL);
         env.msg_case = GIFT__ENVELOPE__MSG_PULL;
         env.pull = &m;
-        if (c->io->queue(c, ch->shard, &env, NULL, 0, w->pull_prio, NULL) == 0)
+        if (c->io->queue(c, ch->shard, &env, NULL, 0, own_push ? w->push_prio : w->pull_prio,
+                         NULL) == 0)
             pl->sent[j] = 1;
     }
 }

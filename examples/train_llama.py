@@ -55,7 +55,9 @@ or set those variables yourself against running shards. torchrun from
 Debian's torch 1.13 fails on Python 3.11 before starting any worker
 (AttributeError: 'NoneType' object has no attribute 'get'; README.md,
 "torchrun"); `torchrun --redirects 1 --tee 1 ...` avoids that bug.
---timeout-ms bounds each push and pull (libgiftclient's default: 60 s).
+--timeout-ms bounds each push and pull (libgiftclient's default: 60 s);
+--chunk-kib sets the largest chunk (default 4096 KiB; on a slow link a
+smaller one lets the shards reply sooner, see libgiftclient(3)).
 
 Rank 0 prints progress and, with --out DIR, writes DIR/log.csv (per step:
 train loss averaged over the workers, validation loss every --val-every
@@ -370,7 +372,13 @@ def parse_args(argv=None):
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--timeout-ms", type=int, default=0,
                    help="fail a push or pull not done in this many ms (0: the library's 60 s)")
-    return p.parse_args(argv)
+    p.add_argument("--chunk-kib", type=int, default=0, metavar="KIB",
+                   help="largest chunk in KiB of fp32 (0: GIFT_CHUNK_BYTES, else the "
+                        "library's 4096)")
+    args = p.parse_args(argv)
+    if not 0 <= args.chunk_kib <= 1 << 20:
+        p.error(f"--chunk-kib {args.chunk_kib}: 0 (the default) or 1..1048576 KiB")
+    return args
 
 
 def shard_policy_table(args, log):
@@ -450,7 +458,8 @@ def main(argv=None):
                                              overrides={"*": {"pull_codec": args.pull_codec}}
                                              if args.pull_codec else None)
         state = gift.torch.GiftState(model, policy=policy, seed=args.seed,
-                                    timeout_ms=args.timeout_ms)
+                                    timeout_ms=args.timeout_ms,
+                                    chunk_bytes=args.chunk_kib * 1024)
         ddp.register_comm_hook(state, gift.torch.comm_hook)
         how = f"giftd, libgiftclient {gift.version()}"
     opts = make_optimizers(model, args)

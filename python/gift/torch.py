@@ -152,7 +152,9 @@ class GiftState:
     COMMS name, or policy: a Policy (or any callable(name, param, module) ->
     dict of gift.Tensor fields). client: an open gift.Client, else one is
     opened with servers/rank/world_size (None: from the environment) and
-    closed by close(). sketch_rows caps the input rows sent per sketch.
+    closed by close(); chunk_bytes and timeout_ms go to that client (0: the
+    library's default or GIFT_CHUNK_BYTES / GIFT_TIMEOUT_MS). sketch_rows
+    caps the input rows sent per sketch.
     grad_tap, if set, is called as grad_tap(name, local_grad, step) before
     each gradient is pushed (the tensor is the buffer that is about to be
     overwritten with the mean: copy it to keep it). device_tensors: "auto"
@@ -162,7 +164,7 @@ class GiftState:
 
     def __init__(self, module, comm="f32", policy=None, client=None, servers=None, rank=None,
                  world_size=None, start_step=0, sketch_rows=4096, seed=0, timeout_ms=0,
-                 device_tensors="auto"):
+                 device_tensors="auto", chunk_bytes=0):
         if hasattr(module, "module") and isinstance(
                 module, nn.parallel.DistributedDataParallel):
             module = module.module
@@ -190,7 +192,8 @@ class GiftState:
             self.tensors.append(t)
         self._own_client = client is None
         self.client = client if client is not None else gift.Client(
-            servers=servers, rank=rank, world_size=world_size, seed=seed, timeout_ms=timeout_ms)
+            servers=servers, rank=rank, world_size=world_size, seed=seed, timeout_ms=timeout_ms,
+            chunk_bytes=chunk_bytes)
         self.client.declare(self.tensors)
         self._sketched = {}
         self._hooks = []

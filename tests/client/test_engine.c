@@ -11,6 +11,10 @@
  * the shard's frames to gift__eng_frame. Every expected frame is checked
  * field by field.
  */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
 #include <check.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -31,6 +35,7 @@ typedef struct sent {
     Gift__Envelope *env;
     uint8_t *payload;
     size_t len;
+    int64_t prio; /* what net.c sorts a turn's frames by (higher first, then queue order) */
 } sent_t;
 
 static struct {
@@ -52,7 +57,7 @@ static gift_client_t *C;
 /* ------------------------------------------------------------------ */
 
 static void keep(uint32_t shard, const uint8_t *head, size_t head_len, const void *payload,
-                 size_t len, int *inflight)
+                 size_t len, int64_t prio, int *inflight)
 {
     uint32_t hl;
     sent_t *s;
@@ -68,6 +73,7 @@ static void keep(uint32_t shard, const uint8_t *head, size_t head_len, const voi
     s->env = gift__envelope__unpack(NULL, hl, head + GIFT_PREAMBLE_BYTES);
     ck_assert_msg(s->env != NULL, "a header that does not unpack");
     s->len = payload ? len : 0;
+    s->prio = prio;
     s->payload = NULL;
     if (s->len) {
         s->payload = malloc(s->len);
@@ -86,12 +92,11 @@ static int fake_queue(gift_client_t *c, uint32_t shard, const Gift__Envelope *en
     uint8_t head[4096];
     long n;
     (void)c;
-    (void)prio;
     if (!F.connected[shard])
         return GIFT_ECLOSED;
     n = gift_frame_pack_head(env, payload ? len : 0, head, sizeof head);
     ck_assert_msg(n > 0, "pack_head returned %ld", n);
-    keep(shard, head, (size_t)n, payload, len, inflight);
+    keep(shard, head, (size_t)n, payload, len, prio, inflight);
     return 0;
 }
 
@@ -99,10 +104,9 @@ static int fake_queue_raw(gift_client_t *c, uint32_t shard, const uint8_t *head,
                           int64_t prio)
 {
     (void)c;
-    (void)prio;
     if (!F.connected[shard])
         return GIFT_ECLOSED;
-    keep(shard, head, head_len, NULL, 0, NULL);
+    keep(shard, head, head_len, NULL, 0, prio, NULL);
     return 0;
 }
 
@@ -318,27 +322,31 @@ static void fx_close(void)
         }
 }
 
-/* Connected to both shards and the list declared: one f32 tensor of 8 x 16
- * in two chunks, placed by the client's rule. */
-static void fx_declared(void)
+/* Connected to both shards and ntensors f32 tensors of 8 x 16 declared, each
+ * in two chunks (too large to be fused), placed by the client's rule. */
+static void declare_n(size_t ntensors)
 {
-    gift_tensor_desc_t t = GIFT_TENSOR_INIT;
+    gift_tensor_desc_t t[4];
+    static const char *names[4] = {"w", "w1", "w2", "w3"};
     gift__cmd_t cmd;
     int rc;
 
-    fx_open();
+    ck_assert(ntensors >= 1 && ntensors <= 4);
     command(&cmd, GIFT__CMD_CONNECT, 1000000000ull);
     for (uint32_t s = 0; s < NSHARD; s++)
         SHAKE(s, 0);
     ck_assert_msg(cmd.done && cmd.rc == 0, "connect: done %d rc %d", cmd.done, cmd.rc);
-    t.name = "w";
-    t.rows = ROWS;
-    t.cols = COLS;
-    t.push_codec = GIFT_CODEC_F32;
-    t.pull_codec = GIFT_CODEC_F32;
-    rc = gift__declare_build(C, &t, 1);
+    for (size_t i = 0; i < ntensors; i++) {
+        t[i] = (gift_tensor_desc_t)GIFT_TENSOR_INIT;
+        t[i].name = names[i];
+        t[i].rows = ROWS;
+        t[i].cols = COLS;
+        t[i].push_codec = GIFT_CODEC_F32;
+        t[i].pull_codec = GIFT_CODEC_F32;
+    }
+    rc = gift__declare_build(C, t, ntensors);
     ck_assert_msg(rc == 0, "gift__declare_build returned %d", rc);
-    ck_assert_msg(C->nchunks == 2, "%zu chunks, want 2", C->nchunks);
+    ck_assert_msg(C->nchunks == 2 * ntensors, "%zu chunks, want %zu", C->nchunks, 2 * ntensors);
     C->declared = 1;
     command(&cmd, GIFT__CMD_DECLARE, 1000000000ull);
     for (uint32_t s = 0; s < NSHARD; s++) {
@@ -346,6 +354,14 @@ static void fx_declared(void)
         ck_assert_int_eq(feed_declare_ack(s), 0);
     }
     ck_assert_msg(cmd.done && cmd.rc == 0, "declare: done %d rc %d", cmd.done, cmd.rc);
+}
+
+/* Connected to both shards and the list declared: one f32 tensor of 8 x 16
+ * in two chunks, placed by the client's rule. */
+static void fx_declared(void)
+{
+    fx_open();
+    declare_n(1);
 }
 
 /* ------------------------------------------------------------------ */
@@ -705,6 +721,121 @@ START_TEST(test_reconnect_replay)
 }
 END_TEST
 
+/* GIFT_CHUNK_BYTES sets the chunk size when the options leave it 0; a value
+ * that is not a number of bytes from 64 to 2^30 fails the open; the options
+ * win over the environment. */
+START_TEST(test_chunk_bytes_env)
+{
+    static const struct {
+        const char *env;
+        uint64_t opt;
+        int rc;
+        uint64_t want;
+    } cases[] = {
+        {"262144", 0, 0, 262144},
+        {"64", 0, 0, 64},
+        {"1073741824", 0, 0, 1073741824ull},
+        {"", 0, 0, 4ull << 20},
+        {"1073741825", 0, GIFT_EINVAL, 0},
+        {"63", 0, GIFT_EINVAL, 0},
+        {"0", 0, GIFT_EINVAL, 0},
+        {"-4096", 0, GIFT_EINVAL, 0},
+        {"256k", 0, GIFT_EINVAL, 0},
+        {" 4096", 0, GIFT_EINVAL, 0},
+        {"99999999999999999999999", 0, GIFT_EINVAL, 0},
+        {"junk", 4096, 0, 4096}, /* the option wins and the variable is not read */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gift_client_opts_t o = GIFT_CLIENT_OPTS_INIT;
+        gift_client_t *c = NULL;
+        int rc;
+        o.servers = "127.0.0.1:1";
+        o.rank = 0;
+        o.world_size = 1;
+        o.chunk_bytes = cases[i].opt;
+        setenv("GIFT_CHUNK_BYTES", cases[i].env, 1);
+        rc = gift__client_new(&o, &c);
+        unsetenv("GIFT_CHUNK_BYTES");
+        ck_assert_msg(rc == cases[i].rc, "GIFT_CHUNK_BYTES='%s', chunk_bytes %" PRIu64
+                      ": open returned %d, want %d", cases[i].env, cases[i].opt, rc, cases[i].rc);
+        if (rc == 0) {
+            ck_assert_msg(c->chunk_bytes == cases[i].want, "GIFT_CHUNK_BYTES='%s': chunk_bytes %"
+                          PRIu64 ", want %" PRIu64, cases[i].env, c->chunk_bytes, cases[i].want);
+            gift_client_close(c);
+        } else {
+            ck_assert_ptr_null(c);
+        }
+    }
+}
+END_TEST
+
+/* A Pull behind this worker's own push leaves right behind it, not behind
+ * every push of the turn: it takes its Push's priority and is queued after
+ * it, so net.c's sort of a turn (higher priority first, then queue order)
+ * writes Push(x) Pull(x) Push(y) Pull(y) ... on every shard, the pushes in
+ * their own order (later-declared tensors first). */
+START_TEST(test_pull_behind_push)
+{
+    enum { NT = 3 };
+    static float g[NT][ROWS * COLS], out[NT][ROWS * COLS];
+    gift_op_t *op[NT];
+    size_t total = 0;
+
+    declare_n(NT);
+    for (int i = 0; i < NT; i++) {
+        for (int e = 0; e < ROWS * COLS; e++)
+            g[i][e] = (float)(e % 7) - 3.0f + (float)i;
+        int rc = gift_push_pull(C, (uint32_t)i, 0, g[i], out[i], NULL, NULL, &op[i]);
+        ck_assert_msg(rc == 0 && op[i] != NULL, "gift_push_pull of tensor %d returned %d", i, rc);
+    }
+    io_run();
+    for (uint32_t s = 0; s < NSHARD; s++) {
+        size_t idx[MAXF], n = unread(s), npush = 0;
+        uint32_t last_key = UINT32_MAX;
+        /* net.c's order: a stable sort by priority, higher first */
+        for (size_t i = 0; i < n; i++)
+            idx[i] = F.seen[s] + i;
+        for (size_t i = 1; i < n; i++)
+            for (size_t j = i; j > 0 && F.f[s][idx[j]].prio > F.f[s][idx[j - 1]].prio; j--) {
+                size_t x = idx[j];
+                idx[j] = idx[j - 1];
+                idx[j - 1] = x;
+            }
+        ck_assert_msg(n % 2 == 0, "shard %u: %zu frames, want a Push and a Pull per chunk", s, n);
+        for (size_t i = 0; i < n; i += 2) {
+            const Gift__Envelope *a = F.f[s][idx[i]].env, *b = F.f[s][idx[i + 1]].env;
+            ck_assert_msg(a->msg_case == GIFT__ENVELOPE__MSG_PUSH &&
+                              b->msg_case == GIFT__ENVELOPE__MSG_PULL,
+                          "shard %u, frames %zu and %zu as written: cases %d, %d, want a Push "
+                          "and then its Pull",
+                          s, i, i + 1, (int)a->msg_case, (int)b->msg_case);
+            ck_assert_msg(b->pull->key == a->push->key && b->pull->chunk == a->push->chunk &&
+                              b->pull->step == 0,
+                          "shard %u: Pull key %u chunk %u right behind Push key %u chunk %u", s,
+                          b->pull->key, b->pull->chunk, a->push->key, a->push->chunk);
+            ck_assert_msg(F.f[s][idx[i + 1]].prio == F.f[s][idx[i]].prio,
+                          "shard %u key %u: Pull priority %" PRId64 ", its Push's %" PRId64, s,
+                          a->push->key, F.f[s][idx[i + 1]].prio, F.f[s][idx[i]].prio);
+            ck_assert_msg(last_key == UINT32_MAX || a->push->key <= last_key,
+                          "shard %u: Push key %u written after key %u (later-declared first)", s,
+                          a->push->key, last_key);
+            last_key = a->push->key;
+            npush++;
+        }
+        total += npush;
+    }
+    ck_assert_msg(total == C->nchunks, "%zu pushes written, want %zu", total, C->nchunks);
+    F.now += 1000000000ull; /* nothing answers: the ops time out */
+    gift__eng_tick(C);
+    for (int i = 0; i < NT; i++) {
+        int st = 0;
+        ck_assert_msg(gift_op_test(op[i], &st) && st == GIFT_ETIMEDOUT, "op %d: done %d status %d",
+                      i, gift_op_test(op[i], NULL), st);
+        gift_op_free(op[i]);
+    }
+}
+END_TEST
+
 /* Close: the loop is shut down once nothing is in flight. */
 START_TEST(test_close)
 {
@@ -726,6 +857,8 @@ static Suite *engine_suite(void)
     tcase_add_test(conn, test_connect);
     tcase_add_test(conn, test_connect_wrong_shard);
     tcase_add_test(conn, test_connect_timeout);
+    tcase_add_test(conn, test_pull_behind_push);
+    tcase_add_test(conn, test_chunk_bytes_env);
     suite_add_tcase(s, conn);
     tcase_add_checked_fixture(ops, fx_declared, fx_close);
     tcase_add_test(ops, test_push_pull);

@@ -70,7 +70,7 @@ typedef struct gift_client_opts {
     const char *servers;       /* "host:port,host:port,..." in shard order; NULL: $GIFT_SERVERS */
     int rank;                  /* -1: $GIFT_RANK, else $RANK */
     int world_size;            /* 0: $GIFT_WORLD, else $WORLD_SIZE */
-    uint64_t chunk_bytes;      /* largest chunk in FP32 bytes; 0: 4 MiB */
+    uint64_t chunk_bytes;      /* largest chunk in FP32 bytes; 0: $GIFT_CHUNK_BYTES, else 4 MiB */
     uint32_t timeout_ms;       /* per operation; 0: $GIFT_TIMEOUT_MS, else 60000 */
     uint32_t connect_timeout_ms; /* giving up on reaching a shard; 0: 30000 */
     uint32_t backoff_max_ms;   /* reconnect backoff cap; 0: 2000 */
