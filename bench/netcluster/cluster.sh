@@ -4,18 +4,27 @@
 # script builds on this machine, then removes.
 #
 #   cluster.sh --arm ARM --out DIR [--workers W] [--servers S] [--colocated]
-#              [--rate MBIT] [--delay MS] [--mtu BYTES] [--seed N] [--steps N]
-#              [--max-seconds T] [--build DIR] [-- train_llama args...]
+#              [--rate MBIT] [--delay MS] [--egress fair|fifo] [--mtu BYTES]
+#              [--seed N] [--steps N] [--max-seconds T] [--build DIR]
+#              [-- train_llama args...]
 #   cluster.sh --clean        remove what killed runs left behind, and exit
 #   cluster.sh --check        exit 0 where namespaces can be made, else 77
 #
 # The cluster: W worker hosts (w0..) and S server hosts (s0..), one network
 # namespace each, every host's eth0 a veth to one bridge (in a namespace of
 # its own), addresses 10.213.0.20+r (workers) and 10.213.0.10+i (servers).
-# Each host's egress is shaped: a tbf of --rate Mbit/s with a netem child
-# delaying every packet by --delay ms (one way). Defaults: 1000 Mbit/s,
-# 0.25 ms, a plain gigabit link between racks; bench/netcluster/run.sh
-# calibrates the two settings it measures from a compute-only step.
+# Each host's egress is shaped to --rate Mbit/s, every packet delayed by
+# --delay ms (one way, a netem leaf). Defaults: 1000 Mbit/s, 0.25 ms, a plain
+# gigabit link between racks; bench/netcluster/run.sh calibrates the two
+# settings it measures from a compute-only step. --egress fair (the default)
+# shares the rate among the destinations a host is sending to, as a host's
+# fair-queuing qdisc (fq, fq_codel) or a multi-queue NIC does: an htb of the
+# rate with one class per peer host (u32 on the destination address), each
+# guaranteed rate/peers and allowed the whole rate, with 500 ms of queue.
+# --egress fifo is one tbf of the rate with one 500 ms FIFO: whichever
+# socket wrote first leaves first, so a worker's pushes to one shard can
+# wait behind its pushes to another (the bufferbloated host; measured in
+# RESULTS, time to quality).
 # --rate 0 leaves the links unshaped. --mtu (default 9000, the jumbo frames
 # of a cluster fabric) keeps the headers near 1% of the bytes. A kernel without sch_netem gets the
 # rate alone (said on stderr; cluster.json records delay_ms_applied 0).
@@ -107,7 +116,7 @@ if [[ ${1:-} == --clean ]]; then
     exit 0
 fi
 
-arm="" out="" workers=2 servers=2 colocated=0 rate=1000 delay=0.25 seed=1 steps=300
+arm="" out="" workers=2 servers=2 colocated=0 rate=1000 delay=0.25 egress=fair seed=1 steps=300
 mtu=9000 max_seconds=1800 build="$repo/build" py=/usr/bin/python3 extra=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -118,6 +127,7 @@ while [[ $# -gt 0 ]]; do
         --colocated) colocated=1; shift ;;
         --rate) rate=$2; shift 2 ;;
         --delay) delay=$2; shift 2 ;;
+        --egress) egress=$2; shift 2 ;;
         --mtu) mtu=$2; shift 2 ;;
         --seed) seed=$2; shift 2 ;;
         --steps) steps=$2; shift 2 ;;
@@ -134,6 +144,8 @@ case "$arm" in
     ddp-allreduce|ddp-fp16|ddp-powersgd|none) giftd_arm=0 ;;
     *) echo "netcluster: unknown --arm $arm" >&2; exit 2 ;;
 esac
+[[ $egress == fair || $egress == fifo ]] ||
+    { echo "netcluster: --egress fair or fifo, not '$egress'" >&2; exit 2; }
 ((workers >= 1 && workers <= 8 && servers >= 1 && servers <= 8)) ||
     { echo "netcluster: 1..8 workers and servers" >&2; exit 2; }
 giftd="$build/server/giftd"
@@ -174,6 +186,59 @@ echo "harness $$" >"$out/pids"
 echo "watchdog $reaper" >>"$out/pids"
 
 # --- The network -----------------------------------------------------------
+# leaf NS PARENT HANDLE: the queue under PARENT: netem with --delay (where the
+# kernel has sch_netem; else said once, and the rate alone), or a FIFO of
+# 500 ms at the rate.
+leaf() {
+    local ns=$1 parent=$2 handle=$3 q=$(( rate * 1000000 / 8 / 2 ))
+    if [[ $delay != 0 && $delay_applied != none ]]; then
+        if ip netns exec "$ns" tc qdisc add dev eth0 parent "$parent" handle "$handle" netem \
+                delay "${delay}ms" limit 100000 2>"$out/netem.err"; then
+            delay_applied=$delay
+            rm -f "$out/netem.err"
+            return
+        fi
+        # This kernel may lack sch_netem (CONFIG_NET_SCH_NETEM): rate only.
+        echo "netcluster: no delay: tc netem failed ($(head -n 1 "$out/netem.err"));" \
+             "the links are shaped by rate only" >&2
+        delay_applied=none
+        rm -f "$out/netem.err"
+    fi
+    [[ $egress == fifo ]] && return # tbf's own queue
+    ip netns exec "$ns" tc qdisc add dev eth0 parent "$parent" handle "$handle" bfifo \
+        limit $(( q > 4 * mtu ? q : 4 * mtu ))
+}
+
+# shape NS HOST: HOST's egress at --rate (see the header for fair and fifo).
+shape() {
+    local ns=$1 me=$2 burst peers=() p i=10
+    # burst: at least one rate-millisecond and 64 KiB (a GSO segment).
+    burst=$(( rate * 1000 / 8 / 1000 > 65536 ? rate * 1000 / 8 / 1000 : 65536 ))
+    if [[ $egress == fifo ]]; then
+        ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: tbf rate "${rate}mbit" \
+            burst "$burst" latency 500ms
+        leaf "$ns" 1:1 10:
+        return
+    fi
+    for p in "${hosts[@]}"; do [[ $p != "$me" ]] && peers+=("$p"); done
+    ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: htb default 9
+    ip netns exec "$ns" tc class add dev eth0 parent 1: classid 1:1 htb rate "${rate}mbit" \
+        ceil "${rate}mbit" burst "$burst" cburst "$burst" quantum $(( mtu + 64 ))
+    # 1:9: what has no peer's address (ARP); small, and may borrow the rest.
+    ip netns exec "$ns" tc class add dev eth0 parent 1:1 classid 1:9 htb \
+        rate "$(( rate * 10 > 1 ? rate * 10 : 1 ))kbit" ceil "${rate}mbit" burst "$burst" \
+        cburst "$burst" quantum $(( mtu + 64 ))
+    leaf "$ns" 1:9 9:
+    for p in "${peers[@]}"; do
+        ip netns exec "$ns" tc class add dev eth0 parent 1:1 classid "1:$i" htb \
+            rate "$(( rate * 990 / ${#peers[@]} > 1 ? rate * 990 / ${#peers[@]} : 1 ))kbit" \
+            ceil "${rate}mbit" burst "$burst" cburst "$burst" quantum $(( mtu + 64 ))
+        leaf "$ns" "1:$i" "$i:"
+        ip netns exec "$ns" tc filter add dev eth0 parent 1: protocol ip prio 1 u32 \
+            match ip dst "${addr[$p]}/32" flowid "1:$i"
+        i=$((i + 1))
+    done
+}
 hosts=()
 delay_applied=0
 declare -A addr=()
@@ -200,24 +265,10 @@ for h in "${hosts[@]}"; do
     ip -n "$ns_sw" link set "${tag}b$h" mtu "$mtu"
     ip -n "$ns_sw" link set "${tag}b$h" master br0
     ip -n "$ns_sw" link set "${tag}b$h" up
-    if [[ $rate != 0 ]]; then
-        # burst: at least one rate-millisecond and 64 KiB (a GSO segment).
-        burst=$(( rate * 1000 / 8 / 1000 > 65536 ? rate * 1000 / 8 / 1000 : 65536 ))
-        ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: tbf rate "${rate}mbit" \
-            burst "$burst" latency 500ms
-        if [[ $delay != 0 && $delay_applied != none ]]; then
-            if ip netns exec "$ns" tc qdisc add dev eth0 parent 1:1 handle 10: netem \
-                    delay "${delay}ms" limit 100000 2>"$out/netem.err"; then
-                delay_applied=$delay
-            else
-                # This kernel may lack sch_netem (CONFIG_NET_SCH_NETEM): rate only.
-                echo "netcluster: no delay: tc netem failed ($(head -n 1 "$out/netem.err"));" \
-                     "the links are shaped by rate only" >&2
-                delay_applied=none
-            fi
-            rm -f "$out/netem.err"
-        fi
-    fi
+done
+# The shaping, once every host's address is known.
+for h in "${hosts[@]}"; do
+    [[ $rate != 0 ]] && shape "$tag$h" "$h"
 done
 
 counters() { # counters HOST: "tx rx" of its eth0
@@ -285,8 +336,8 @@ for p in "${shard_pids[@]}"; do wait "$p" 2>/dev/null || true; done
     printf '{"arm": "%s", "seed": %s, "workers": %s, "servers": %s, "colocated": %s,\n' \
         "$arm" "$seed" "$workers" "$([[ $giftd_arm == 1 ]] && echo "$servers" || echo 0)" \
         "$([[ $colocated == 1 ]] && echo true || echo false)"
-    printf ' "mtu": %s, "rate_mbit": %s, "delay_ms": %s, "delay_ms_applied": %s, "steps": %s,\n' \
-        "$mtu" "$rate" "$delay" "$([[ $delay_applied == none ]] && echo 0 || echo "$delay_applied")" "$steps"
+    printf ' "mtu": %s, "rate_mbit": %s, "delay_ms": %s, "delay_ms_applied": %s, "egress": "%s", "steps": %s,\n' \
+        "$mtu" "$rate" "$delay" "$([[ $delay_applied == none ]] && echo 0 || echo "$delay_applied")" "$egress" "$steps"
     printf ' "gift_servers": "%s",\n' "$gift_servers"
     printf ' "wall_s": %s, "date": "%s", "nproc": %s, "cpu": "%s",\n' \
         "$(awk -v a="$(date +%s.%N)" -v b="$t_start" 'BEGIN { printf "%.2f", a - b }')" "$(date -u +%FT%TZ)" "$(env -u OMP_NUM_THREADS nproc)" \

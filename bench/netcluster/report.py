@@ -78,6 +78,7 @@ def load_piece(d):
         "cpu_s_per_step": summ["cpu_s_per_step"] * clus["workers"] + sum(shard_cpu) / n,
         "train_s": float(rows[-1]["train_s"]),
         "rate_mbit": clus["rate_mbit"], "delay_ms_applied": clus.get("delay_ms_applied"),
+        "egress": clus.get("egress", "fifo"),  # pieces before --egress were one FIFO
         "workers": clus["workers"], "servers": clus["servers"], "colocated": clus["colocated"],
         "powersgd_rank": summ.get("powersgd_rank"), "date": clus.get("date"),
     }
@@ -200,6 +201,7 @@ def main(argv=None):
             a = {
                 "arm": arm, "link": link, "seeds": [p["seed"] for p in ps],
                 "steps": ps[0]["steps"], "rate_mbit": ps[0]["rate_mbit"],
+                "egress": "/".join(sorted({p["egress"] for p in ps})),
                 "workers": ps[0]["workers"], "servers": ps[0]["servers"],
                 "colocated": ps[0]["colocated"], "powersgd_rank": ps[0]["powersgd_rank"],
                 "step_median_s": statistics.median(p["step_median_s"] for p in ps),
@@ -249,7 +251,8 @@ def main(argv=None):
 def table(link, lrep):
     arms = lrep["arms"]
     rate = next(iter(arms.values()))["rate_mbit"]
-    out = [f"### {link} link ({rate} Mbit/s per host)", "",
+    egress = "/".join(sorted({a["egress"] for a in arms.values()}))
+    out = [f"### {link} link ({rate} Mbit/s per host, {egress} egress)", "",
            f"target: val loss <= ddp-allreduce's final of the same seed + 1% (mean "
            f"{fmt(lrep['target_val_loss'], '{:.4f}')}); limit (ddp-allreduce's steps to target x "
            f"the compute-only step): {fmt(lrep['limit_s'], '{:.1f} s')}", "",

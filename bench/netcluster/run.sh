@@ -8,7 +8,7 @@
 #
 #   run.sh [--out DIR] [--links "starved paper"] [--arms "..."] [--seeds "1 2 3"]
 #          [--steps N] [--workers W] [--servers S] [--delay MS] [--build DIR]
-#          [--max-seconds T (per piece, default 900)]
+#          [--egress fair|fifo] [--chunk-kib N] [--max-seconds T (per piece, default 900)]
 #          [--calibrate-only] [--report] [-- train_llama args...]
 #
 # --calibrate-only stops after the calibration; --report runs nothing and
@@ -32,6 +32,11 @@
 # refreshes its geometry every 50 steps. The default model: dim 128, 2
 # layers, 4 heads, sequence 64, batch 8 per worker (0.47M parameters), 300
 # steps, validation every 10 steps on 4 batches.
+# --egress (default fair) is cluster.sh's: each host's rate shared among the
+# peers it sends to, or one FIFO. --chunk-kib (default 64) is the giftd arms'
+# largest chunk (train_llama.py --chunk-kib): a shard replies to a chunk once
+# every worker's push of it is in, and at these rates the library's 4 MiB
+# default would hold a whole tensor back (RESULTS, time to quality).
 # Exits 77 (nothing run) where network namespaces cannot be made.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,6 +48,8 @@ links="starved paper"
 arms="ddp-allreduce nvfp4-gift fp8-gift f32 ddp-fp16 ddp-powersgd none ddp-powersgd-match fp8 nvfp4 bf16 nvfp4-gift-colo"
 seeds="1 2 3"
 steps=300
+egress=fair
+chunk_kib=64
 workers=2
 servers=2
 delay=0.25
@@ -64,6 +71,8 @@ while [[ $# -gt 0 ]]; do
         --workers) workers=$2; shift 2 ;;
         --servers) servers=$2; shift 2 ;;
         --delay) delay=$2; shift 2 ;;
+        --egress) egress=$2; shift 2 ;;
+        --chunk-kib) chunk_kib=$2; shift 2 ;;
         --build) build=$2; shift 2 ;;
         --max-seconds) max_seconds=$2; shift 2 ;;
         --calibrate-only) calibrate_only=1; shift ;;
@@ -75,7 +84,7 @@ while [[ $# -gt 0 ]]; do
 done
 train=("${model[@]}" "${extra[@]}")
 cluster=(bench/netcluster/cluster.sh --build "$build" --workers "$workers" --steps "$steps"
-         --max-seconds "$max_seconds")
+         --max-seconds "$max_seconds" --egress "$egress")
 mkdir -p "$out"
 
 # arm_args ARM: cluster.sh arguments for an arm name.
@@ -83,8 +92,10 @@ arm_args() {
     case "$1" in
         ddp-powersgd) echo "--arm ddp-powersgd -- --powersgd-rank 1" ;;
         ddp-powersgd-match) echo "--arm ddp-powersgd -- --powersgd-rank match-nvfp4" ;;
-        *-colo) echo "--arm ${1%-colo} --servers $servers --colocated --" ;;
-        *) echo "--arm $1 --servers $servers --" ;;
+        *-colo) echo "--arm ${1%-colo} --servers $servers --colocated -- --chunk-kib $chunk_kib" ;;
+        f32|bf16|fp8|fp8-gift|nvfp4|nvfp4-gift)
+            echo "--arm $1 --servers $servers -- --chunk-kib $chunk_kib" ;;
+        *) echo "--arm $1 --" ;;
     esac
 }
 
