@@ -221,7 +221,19 @@ shape() {
         return
     fi
     for p in "${hosts[@]}"; do [[ $p != "$me" ]] && peers+=("$p"); done
-    ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: htb default 9
+    if ! ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: htb default 9 2>"$out/tc.err" ||
+       ! ip netns exec "$ns" tc filter add dev eth0 parent 1: protocol ip prio 9 u32 \
+           match ip dst 255.255.255.255/32 flowid 1:9 2>>"$out/tc.err"; then
+        # No sch_htb or cls_u32 here: one FIFO, said, and recorded in cluster.json.
+        echo "netcluster: --egress fair needs htb and the u32 classifier" \
+             "($(head -n 1 "$out/tc.err")); using one FIFO per host" >&2
+        ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
+        rm -f "$out/tc.err"
+        egress=fifo
+        shape "$ns" "$me"
+        return
+    fi
+    rm -f "$out/tc.err"
     ip netns exec "$ns" tc class add dev eth0 parent 1: classid 1:1 htb rate "${rate}mbit" \
         ceil "${rate}mbit" burst "$burst" cburst "$burst" quantum $(( mtu + 64 ))
     # 1:9: what has no peer's address (ARP); small, and may borrow the rest.

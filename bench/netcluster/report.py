@@ -18,9 +18,11 @@ no communication) at the same link and seed, else the calibration's; the
 rest of the median step is waiting for communication. Wire bytes per step
 per worker: giftd's own accounting (libgiftclient's bytes out + in, rank 0)
 and eth0's tx + rx counters in rank 0's namespace, both over the training
-steps only. The target is the mean final validation loss of ddp-allreduce
-(the f32 allreduce arm) at that link plus 1%; time to target is the first
-wall time at which an arm's validation loss is at or below it. The limit is
+steps only. The target is per seed: the final validation loss of
+ddp-allreduce (the f32 allreduce arm) at that link and seed plus 1% (the
+table prints their mean); time to target is the first wall time at which an
+arm's validation loss of that seed is at or below it, and an arm's time is
+the mean over its seeds only when every seed reached it. The limit is
 ddp-allreduce's steps to target times the compute-only step. CPU seconds
 per step count every worker and shard process.
 """
