@@ -43,8 +43,14 @@ The model (every figure per training step):
   (--cluster-json: measured figures instead, see Inputs.)
   Stages: worker encode (+ T), push wire, shard decode-accumulate of W pushes
   and encode of the mean (per shard core), pull wire, worker decode (+ T^-1).
-  They pipeline over DDP's buckets (1 MiB, then 25 MiB of f32): comm =
-  max(stage) + (sum(stages) - max(stage)) / buckets + one round trip.
+  They pipeline over pieces: comm = max(stage) + (sum(stages) - max(stage)) /
+  pieces + one round trip. A shard answers a chunk once every worker's push
+  of it is in, and each shard's chunks travel side by side with the others'
+  (the host's egress shared among its peers), so pieces = the step's chunks
+  per shard (libgiftclient's chunking at --chunk-kib: tensors under 64 KiB
+  fused, larger ones cut into row blocks of at most the chunk), and at least
+  DDP's buckets (1 MiB, then 25 MiB of f32), which the hook hands over one
+  by one. --validate reads each arm's --chunk-kib from its runs.
 
   ring allreduce: 2 (W-1)/W x B sent and received per worker, both at once;
   2 (W-1) one-way delays per allreduce (buckets pipeline). fp16 hook: B halved. PowerSGD rank r:
@@ -120,6 +126,36 @@ def rank_default(rows, din):
 
 def n_params(tensors):
     return sum(r * c for _, r, c, _ in tensors)
+
+
+FUSE_BYTES = 64 << 10  # client/giftclient_internal.h GIFT__FUSE_BYTES
+CHUNK_DEFAULT = 4 << 20  # GIFT__CHUNK_DEFAULT
+
+
+def n_chunks(tensors, chunk_bytes):
+    """Chunks of one step as libgiftclient cuts them (client.c's declare,
+    placement.c): Euclidean tensors under FUSE_BYTES (and a chunk) fused into
+    buckets of at most a chunk; a Euclidean tensor whose row is wider than a
+    chunk re-cut into rows of the largest divisor of its length up to
+    chunk / 32 elements; then every tensor in blocks of chunk / (4 cols)
+    rows, at least one row."""
+    n, fused = 0, None
+    for _, rows, cols, gift in tensors:
+        nel = rows * cols
+        if not gift and nel * 4 < FUSE_BYTES and nel * 4 <= chunk_bytes:
+            if fused is None or (fused + nel) * 4 > chunk_bytes:
+                n += 1
+                fused = 0
+            fused += nel
+            continue
+        if not gift and cols * 4 > chunk_bytes:
+            cc = min(max(1, chunk_bytes // 32), nel)
+            while cc > 1 and nel % cc:
+                cc -= 1
+            rows, cols = nel // cc, cc
+        per = max(1, chunk_bytes // (4 * cols))
+        n += -(-rows // per)
+    return n
 
 
 # ----------------------------------------------------------------- costs
@@ -328,7 +364,9 @@ def predict(a):
         out["shard_cost_source"] = "cluster-json" if s_ns is not None else "model"
         shard = shard_cpu / (s * a["shard_cores"])
         stages = [enc_w, host_tx / rate, shard, host_rx / rate, dec_w]
-        comm = max(stages) + (sum(stages) - max(stages)) / nb + 2 * d
+        pieces = max(nb, n_chunks(t, a.get("chunk_bytes") or CHUNK_DEFAULT) / s)
+        comm = max(stages) + (sum(stages) - max(stages)) / pieces + 2 * d
+        out["pieces"] = pieces
         out.update(bytes_per_worker_tx=push, bytes_per_worker_rx=pull,
                    host_bytes_max=max(host_tx, host_rx), wire_s=max(host_tx, host_rx) / rate,
                    cpu_worker_s=enc_w + dec_w, cpu_shard_s=shard, latency_s=2 * d,
@@ -429,6 +467,21 @@ def read_measured(root):
     return links, "per-seed log.csv"
 
 
+def arm_chunk_bytes(per_seed):
+    """The giftd arm's chunk (train_llama.py --chunk-kib, in report.json or
+    each piece's summary.json); None: the library's default."""
+    for p in per_seed:
+        kib = p.get("chunk_kib")
+        if kib is None and p.get("dir"):
+            try:
+                kib = json.load(open(os.path.join(p["dir"], "summary.json")))["args"].get("chunk_kib")
+            except (OSError, ValueError, KeyError):
+                kib = None
+        if kib:
+            return kib * 1024
+    return None
+
+
 def validate(args, costs):
     root = args.validate
     try:
@@ -458,13 +511,15 @@ def validate(args, costs):
             if ps and all(p.get("delay_ms_applied") == 0 for p in ps):
                 delay = 0.0  # the kernel had no sch_netem: rate only
             rate = (m.get("rate_mbit") or calib[link]["rate_mbit"]) * 1e6 / 8
+            chunk = args.chunk_kib * 1024 or arm_chunk_bytes(ps)
+
             def pred(comp):
                 return predict({"arm": "ddp-powersgd" if base.startswith("ddp-powersgd") else base,
                                 "tensors": tensors, "W": m.get("workers") or calib["workers"],
                                 "S": m.get("servers") or 1, "colocated": bool(m.get("colocated")),
                                 "rate_Bps": rate, "delay_s": delay, "compute_s": comp,
                                 "overlap": args.overlap, "costs": costs, "refresh": args.refresh,
-                                "shard_cores": 1, "transform_cpu": True,
+                                "shard_cores": 1, "transform_cpu": True, "chunk_bytes": chunk,
                                 "powersgd_rank": r if base.startswith("ddp-powersgd") else None})
             pc = pred(calib["compute_step_s"])
             # paired: each seed's prediction from the compute-only step of the
@@ -666,6 +721,9 @@ def main():
                     help="--project: effective TFLOP/s per GPU (default 400: GH200 bf16 at ~40%% MFU)")
     ap.add_argument("--overlap", type=float, default=0.0, help="fraction of comm hidden under compute")
     ap.add_argument("--refresh", type=int, default=50, help="geometry refresh interval, steps")
+    ap.add_argument("--chunk-kib", type=int, default=0,
+                    help="libgiftclient's largest chunk, KiB of f32 (0: --validate reads each "
+                         "arm's from its runs, otherwise the library's 4096)")
     ap.add_argument("--core-wire-gbps", type=float, default=22.2,
                     help="TCP bytes one shard core moves, Gbit/s (default 22.2: 2.77 GB/s loopback)")
     ap.add_argument("--gpu-codec-gbps", type=float, default=1000.0,
@@ -688,6 +746,8 @@ def main():
             die(f"--{k.replace('_', '-')} must be > 0")
     if args.delay_ms < 0:
         die("--delay-ms must be >= 0")
+    if not 0 <= args.chunk_kib <= 1 << 20:
+        die("--chunk-kib must be in 0..1048576")
     if not 0 <= args.overlap <= 1:
         die("--overlap must be in [0, 1]")
     if args.validate and args.project:
@@ -708,7 +768,7 @@ def main():
             "delay_s": args.delay_ms * 1e-3, "compute_s": args.compute_ms * 1e-3,
             "overlap": args.overlap, "costs": costs, "refresh": args.refresh,
             "transform_cpu": True, "S": args.servers, "colocated": args.colocated,
-            "shard_cores": 1}
+            "shard_cores": 1, "chunk_bytes": args.chunk_kib * 1024 or None}
     ranks = args.powersgd_ranks or [1]
     arms = ["ddp-allreduce", "ddp-fp16"] + [f"ddp-powersgd-r{r}" for r in ranks] + GIFTD_ARMS
     ratio = parse_ratios(args.steps_ratio)

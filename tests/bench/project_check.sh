@@ -15,7 +15,11 @@
 #     worker's encode + decode is payload x its worker ns/B, a codec it lacks
 #     keeps the model's figures, a gift arm takes its format's euclidean
 #     figure, and the output names the file;
-#  6. bad flags and inputs exit 2 with a message.
+#  6. --chunk-kib 4: the giftd arms pipeline over the step's chunks per
+#     shard (49 chunks of the tiny Llama, counted by hand from the client's
+#     fusion and row blocks, over S = 2), and never take longer than with
+#     the library's 4 MiB chunks (2 chunks: one fused bucket and w13);
+#  7. bad flags and inputs exit 2 with a message.
 # Exit 77 (skipped) without /usr/bin/python3.
 set -euo pipefail
 
@@ -35,6 +39,7 @@ small=(--costs "$work/costs.json" --dim 64 --layers 1 --ffn 128 --vocab 64 --wor
 for g in 1 10 100; do
     "$py" "$proj" "${small[@]}" --link-gbps "$g" --json "$work/g$g.json" >/dev/null
 done
+"$py" "$proj" "${small[@]}" --link-gbps 1 --chunk-kib 4 --json "$work/c4.json" >/dev/null
 
 # synthetic netcluster output: calibration, report.json with two arms and `none`
 mkdir -p "$work/nc/report"
@@ -147,6 +152,17 @@ for arm in ("bf16", "nvfp4"):
           cl[arm]["shard_cost_source"] == "model",
           f"--cluster-json {arm} (not in the file): shard CPU {cl[arm]['shard_cpu_total_s']} s "
           f"({cl[arm]['shard_cost_source']}), want the model's {base[arm]['shard_cpu_total_s']} s")
+# 6. chunks: tok 4, wqkv 12, wo 4, w13 16, w2 8, head 4, the three norms fused in 1
+c4 = {r["arm"]: r for r in json.load(open(f"{w}/c4.json"))["rows"]}
+for arm in ("f32", "fp8", "nvfp4-gift"):
+    check(near(c4[arm]["pieces"], 49 / 2), f"--chunk-kib 4 {arm}: {c4[arm]['pieces']} pieces, "
+          "want 49 chunks / 2 shards = 24.5")
+    check(near(rows[arm]["pieces"], 1), f"default chunk {arm}: {rows[arm]['pieces']} pieces, "
+          "want 1 (2 chunks over 2 shards, 1 DDP bucket)")
+    check(c4[arm]["step_s"] <= rows[arm]["step_s"],
+          f"{arm}: step {c4[arm]['step_s']} s at 4 KiB chunks above {rows[arm]['step_s']} s at 4 MiB")
+    check(c4[arm]["step_s"] < rows[arm]["step_s"] or arm != "f32",
+          f"f32: 4 KiB chunks pipeline nothing ({c4[arm]['step_s']} s, as at 4 MiB)")
 if bad:
     print("project_check: FAIL:\n  " + "\n  ".join(bad), file=sys.stderr)
     sys.exit(1)
@@ -163,6 +179,8 @@ expect2() { # pattern args...
 }
 expect2 "overlap" --link-gbps 1 --compute-ms 10 --overlap 2
 expect2 "workers" --link-gbps 1 --compute-ms 10 --workers 0
+expect2 "chunk-kib" --link-gbps 1 --compute-ms 10 --chunk-kib -1
+expect2 "chunk-kib" --link-gbps 1 --compute-ms 10 --chunk-kib 2000000
 expect2 "link-gbps" --compute-ms 10
 expect2 "unrecognized" --no-such-flag
 expect2 "not a bench/netcluster" --validate "$work/nowhere"
