@@ -555,7 +555,7 @@ static void *aligned(size_t bytes)
     return p;
 }
 
-static int geo_alloc(gift_geometry_t *g, int din, int k, int ks)
+static int geo_alloc(gift_geometry_t *g, int din, int k, int ks, int dense)
 {
     memset(g, 0, sizeof *g);
     g->din = din;
@@ -566,6 +566,11 @@ static int geo_alloc(gift_geometry_t *g, int din, int k, int ks)
     g->d = calloc((size_t)k, sizeof(float));
     g->d_inv = calloc((size_t)k, sizeof(float));
     if (g->U == NULL || g->lambda == NULL || g->d == NULL || g->d_inv == NULL)
+        return GIFT_ENOMEM;
+    /* T and T^-1 as matrices where one product beats the thin form (host
+     * wires: a device wire transforms on the GPU). */
+    if (dense && gift_geometry_dense_floats(din, k) > 0 &&
+        (g->dense = aligned(gift_geometry_dense_floats(din, k) * sizeof(float))) == NULL)
         return GIFT_ENOMEM;
     g->identity = 1;
     g->c = g->c_inv = 1.0f;
@@ -608,7 +613,7 @@ static int wire_alloc(gift_client_t *c, gift__wire_t *w)
             (w->Y = aligned((size_t)w->cols * w->ks * sizeof(float))) == NULL)
             return GIFT_ENOMEM;
         for (int s = 0; s < GIFT__GEO_SLOTS; s++)
-            if (geo_alloc(&w->geo[s].g, (int)w->cols, (int)w->k, (int)w->ks) < 0)
+            if (geo_alloc(&w->geo[s].g, (int)w->cols, (int)w->k, (int)w->ks, !dev) < 0)
                 return GIFT_ENOMEM;
     }
     return 0;

@@ -163,6 +163,7 @@ out:
 static void gift__set_identity(gift_geometry_t *g)
 {
     g->identity = 1;
+    g->dense_on = 0;
     g->sigma2 = 0.0;
     g->delta = 0.0;
     g->c = 1.0f;
@@ -170,6 +171,43 @@ static void gift__set_identity(gift_geometry_t *g)
     memset(g->d, 0, (size_t)g->k * sizeof(float));
     memset(g->d_inv, 0, (size_t)g->k * sizeof(float));
     memset(g->lambda, 0, (size_t)g->ks * sizeof(float));
+}
+
+size_t gift_geometry_dense_floats(int din, int k)
+{
+    if (din < 1 || k < 1 || k > din || din > GIFT_DENSE_MAX_DIN || 2 * k < din)
+        return 0;
+    return (2 * (size_t)din + (size_t)k) * (size_t)din;
+}
+
+/* Forms the dense T = c I + U_k diag(d) U_k^T and T^-1 (c_inv, d_inv) in
+ * g->dense from the epoch's U, d and c, where g has the buffer and its rank
+ * wants it (gift_geometry_dense_floats); sets dense_on. One fp32 product each
+ * (2 din^2 k flops), once per epoch. The buffer was sized for the rank g was
+ * allocated with; a lowered rank needs less scratch. */
+static void gift__dense_set(gift_geometry_t *g)
+{
+    size_t n = (size_t)g->din, k = (size_t)g->k, i, j;
+    float *S;
+
+    g->dense_on = 0;
+    if (g->dense == NULL || g->identity || gift_geometry_dense_floats(g->din, g->k) == 0)
+        return;
+    S = g->dense + 2 * n * n;
+    for (int inv = 0; inv < 2; inv++) {
+        float *T = g->dense + (size_t)inv * n * n;
+        const float *d = inv ? g->d_inv : g->d;
+        float c = inv ? g->c_inv : g->c;
+
+        for (i = 0; i < n; i++)
+            for (j = 0; j < k; j++)
+                S[i * k + j] = g->U[i * (size_t)g->ks + j] * d[j];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)k, 1.0f, S,
+                    (int)k, g->U, g->ks, 0.0f, T, (int)n);
+        for (i = 0; i < n; i++)
+            T[i * n + i] += c;
+    }
+    g->dense_on = 1;
 }
 
 /*
@@ -200,6 +238,9 @@ int gift_geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed
     g->d = malloc((size_t)k * sizeof(float));
     g->d_inv = malloc((size_t)k * sizeof(float));
     if (g->U == NULL || g->lambda == NULL || g->d == NULL || g->d_inv == NULL)
+        goto out_free_g;
+    if (gift_geometry_dense_floats(din, k) > 0 &&
+        (g->dense = malloc(gift_geometry_dense_floats(din, k) * sizeof(float))) == NULL)
         goto out_free_g;
     if ((ws = gift__ws_alloc(din, ks)) == NULL)
         goto out_free_g;
@@ -237,6 +278,7 @@ void gift_geometry_free(gift_geometry_t *g)
     free(g->lambda);
     free(g->d);
     free(g->d_inv);
+    free(g->dense);
     gift__ws_free(g->ws);
     memset(g, 0, sizeof(*g));
 }
@@ -265,6 +307,7 @@ int gift_geometry_copy(gift_geometry_t *dst, const gift_geometry_t *src)
     dst->c_inv = src->c_inv;
     dst->epoch = src->epoch;
     dst->identity = src->identity;
+    gift__dense_set(dst);
     return 0;
 }
 
@@ -517,6 +560,7 @@ int gift_geometry_update_decay(gift_geometry_t *g, const float *Y, double trace,
     g->delta = delta;
     g->identity = 0;
     g->epoch++;
+    gift__dense_set(g);
     rc = 0;
 out:
     return rc;
@@ -584,6 +628,7 @@ int gift_geometry_load(gift_geometry_t *g, const float *U, const float *lambda, 
         g->sigma2 = sigma2;
         g->delta = delta;
         g->identity = 0;
+        gift__dense_set(g);
     }
     g->trace = trace;
     g->epoch = epoch;
@@ -650,6 +695,24 @@ int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int ro
     if (rows == 0)
         return 0;
     k = (size_t)g->k;
+    if (g->dense_on && (size_t)rows * k >= (size_t)g->din) {
+        /* out = G T in blocks of r rows: r x din fits in work (rows x k). */
+        const float *T = g->dense + (inverse ? (size_t)g->din * g->din : 0);
+        size_t r = (size_t)rows * k / (size_t)g->din, i0, nr;
+
+        if (r > (size_t)rows)
+            r = (size_t)rows;
+        for (i0 = 0; i0 < (size_t)rows; i0 += nr) {
+            float *dst = out == G ? work : out + i0 * g->din;
+
+            nr = (size_t)rows - i0 < r ? (size_t)rows - i0 : r;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nr, g->din, g->din, 1.0f,
+                        G + i0 * g->din, g->din, T, g->din, 0.0f, dst, g->din);
+            if (dst == work)
+                memcpy(out + i0 * g->din, work, nr * g->din * sizeof(float));
+        }
+        return 0;
+    }
     c = inverse ? g->c_inv : g->c;
     d = inverse ? g->d_inv : g->d;
 

@@ -253,6 +253,9 @@ typedef struct gift_geometry {
     float c_inv;    /* (sigma2 + delta)^+1/2, the scalar of T^-1 */
     float *d_inv;   /* k entries: (lambda_i + delta)^+1/2 - c_inv */
     void *ws;       /* private: update workspace, allocated by gift_geometry_init */
+    float *dense;   /* optional, gift_geometry_dense_floats(din, k) floats: T and T^-1
+                       as din x din matrices, then scratch; NULL: the thin form only */
+    int dense_on;   /* 1: dense holds this epoch's T and T^-1 (set by update, load, copy) */
 } gift_geometry_t;
 
 #define GIFT_DAMPING_DEFAULT 1e-2
@@ -264,6 +267,18 @@ typedef struct gift_geometry {
  * 2048 flops per gradient element while keeping k/din near 1/4, where the
  * rank measurements in bench/README.md put most of the gain. */
 int gift_rank_default(int rows, int din);
+/* The dense form. Applying T as c G + ((G U_k) diag(d)) U_k^T costs 4 rows din
+ * k flops; as one product G T with T formed once per epoch, 2 rows din^2. So
+ * for k >= din / 2 (every default full-rank tensor) the product is cheaper, by
+ * 2x at full rank. The floats a geometry's dense buffer needs for rank k (the
+ * two matrices and a din x k scratch), or 0 where the thin form is kept:
+ * k < din / 2, or din > GIFT_DENSE_MAX_DIN (the matrices would outgrow U).
+ * gift_geometry_init allocates it; a caller allocating its own buffers may.
+ * Two geometries of the same epoch transform bit for bit alike when both or
+ * neither have it (it is formed by one function from U, d and c). */
+#define GIFT_DENSE_MAX_DIN 1024
+size_t gift_geometry_dense_floats(int din, int k);
+
 /* Basis columns for rank k: min(din, k + oversample). */
 int gift_basis_cols(int din, int k, int oversample);
 
@@ -336,7 +351,10 @@ int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y
 
 /* Applies T (inverse = 0) or T^-1 (inverse = 1) to rows x din row-major G,
  * writing out (may equal G). work must hold rows * k floats. Identity
- * geometries copy. Two thin cblas_sgemm: out = c*G + ((G U_k) diag(d)) U_k^T. */
+ * geometries copy. With a formed dense form (dense_on) and rows * k >= din:
+ * out = G T in row blocks of rows * k / din (through work when out == G, so
+ * in place and not give the same bits); otherwise two thin cblas_sgemm:
+ * out = c*G + ((G U_k) diag(d)) U_k^T. */
 int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int rows,
                    float *out, float *work);
 

@@ -348,6 +348,9 @@ void gift__pol_observe(const chunk_t *ch, const slot_t *sl, const reply_t *r)
     if (!t->geo.identity && !(tr->set && tr->euclid)) {
         g = t->geo;
         if (tr->set && tr->k < t->k) {
+            /* The view forms no dense T (its buffer is the owner's). */
+            g.dense = NULL;
+            g.dense_on = 0;
             /* The transform of the lowered rank (gift_geometry_rank_sigma2):
              * a view of the owner's U and lambda with its own d, d_inv. */
             g.k = (int)tr->k;

@@ -346,10 +346,11 @@ END_TEST
 
 START_TEST(test_dense_reference)
 {
-    const int ks_list[3] = {1, 24, FX_DIN};
+    /* Thin form (1, 24), dense in row blocks (60: 2 k >= din), dense whole. */
+    const int ks_list[4] = {1, 24, 60, FX_DIN};
     int t, inv;
 
-    for (t = 0; t < 3; t++) {
+    for (t = 0; t < 4; t++) {
         gift_geometry_t g;
         int k = ks_list[t], din = FX_DIN;
         size_t n = (size_t)FX_ROWS * din, i;
@@ -773,6 +774,90 @@ START_TEST(test_copy)
 }
 END_TEST
 
+/* The dense form (T and T^-1 as matrices, gift_geometry_dense_floats): kept
+ * for 2 k >= din only; in place gives the same bits as not, for one row (the
+ * thin fallback: rows * k < din) and many (row blocks at k = 60); it agrees
+ * with the thin form of the same epoch to fp32 rounding; a copy forms the
+ * same matrices; a rank lowered below din / 2 and an identity epoch use none. */
+START_TEST(test_dense_form)
+{
+    static const int ranks[3] = {48, 60, FX_DIN};
+    const size_t n = (size_t)FX_ROWS * FX_DIN;
+    float *G = rand_floats(n, 31), *a = malloc(n * 4), *b = malloc(n * 4);
+    float *work = malloc((size_t)FX_ROWS * FX_DIN * sizeof(float));
+    gift_geometry_t g, h, t;
+
+    ck_assert_ptr_nonnull(work);
+    ck_assert_uint_eq(gift_geometry_dense_floats(FX_DIN, 47), 0);
+    ck_assert_uint_eq(gift_geometry_dense_floats(FX_DIN, 48), (2 * FX_DIN + 48) * FX_DIN);
+    ck_assert_uint_eq(gift_geometry_dense_floats(GIFT_DENSE_MAX_DIN + 1, GIFT_DENSE_MAX_DIN + 1),
+                      0);
+    ck_assert_uint_eq(gift_geometry_dense_floats(0, 1), 0);
+    ck_assert_uint_eq(gift_geometry_dense_floats(8, 9), 0);
+    fx_geometry(&g, 24, 2);
+    ck_assert_msg(g.dense == NULL && g.dense_on == 0, "k=24 of %d: a dense buffer", FX_DIN);
+    gift_geometry_free(&g);
+    for (int r = 0; r < 3; r++) {
+        int k = ranks[r];
+
+        fx_geometry(&g, k, 2);
+        ck_assert_msg(g.dense != NULL && g.dense_on == 1, "k=%d: dense %p on %d", k,
+                      (void *)g.dense, g.dense_on);
+        /* The same epoch without the buffer: the thin form. */
+        ck_assert_int_eq(gift_geometry_init(&t, FX_DIN, k, g.ks, 5), 0);
+        free(t.dense);
+        t.dense = NULL;
+        ck_assert_int_eq(gift_geometry_copy(&t, &g), 0);
+        ck_assert_int_eq(t.dense_on, 0);
+        ck_assert_int_eq(gift_geometry_init(&h, FX_DIN, k, g.ks, 6), 0);
+        ck_assert_int_eq(gift_geometry_copy(&h, &g), 0);
+        ck_assert_int_eq(h.dense_on, 1);
+        ck_assert_msg(memcmp(h.dense, g.dense, 2 * (size_t)FX_DIN * FX_DIN * 4) == 0,
+                      "k=%d: the copy formed other matrices", k);
+        for (int inv = 0; inv < 2; inv++) {
+            const int rows_list[2] = {1, FX_ROWS};
+
+            for (int q = 0; q < 2; q++) {
+                int rows = rows_list[q];
+                size_t m = (size_t)rows * FX_DIN;
+                double e;
+
+                ck_assert_int_eq(gift_transform(&g, inv, G, rows, a, work), 0);
+                memcpy(b, G, m * 4);
+                ck_assert_int_eq(gift_transform(&g, inv, b, rows, b, work), 0);
+                ck_assert_msg(memcmp(a, b, m * 4) == 0, "k=%d inv=%d rows=%d: in place differs",
+                              k, inv, rows);
+                ck_assert_int_eq(gift_transform(&t, inv, G, rows, b, work), 0);
+                e = rel_err_ff(a, b, m);
+                ck_assert_msg(e < 1e-5, "k=%d inv=%d rows=%d: dense vs thin rel err %g", k, inv,
+                              rows, e);
+            }
+        }
+        gift_geometry_free(&t);
+        gift_geometry_free(&h);
+        gift_geometry_free(&g);
+    }
+    /* A rank lowered below din / 2 on a full-rank buffer forms nothing; an
+     * identity epoch neither. */
+    fx_geometry(&g, FX_DIN, 2);
+    g.k = 40;
+    ck_assert_int_eq(gift_geometry_load(&g, g.U, g.lambda, g.trace,
+                                        gift_geometry_rank_sigma2(&g, 40), g.delta, g.epoch, 0),
+                     0);
+    ck_assert_int_eq(g.dense_on, 0);
+    ck_assert_int_eq(gift_geometry_load(&g, g.U, g.lambda, 0.0, 0.0, 0.0, 9, 1), 0);
+    ck_assert_int_eq(g.dense_on, 0);
+    ck_assert_int_eq(gift_transform(&g, 0, G, FX_ROWS, a, work), 0);
+    ck_assert_int_eq(memcmp(a, G, n * 4), 0);
+    g.k = FX_DIN;
+    gift_geometry_free(&g);
+    free(G);
+    free(a);
+    free(b);
+    free(work);
+}
+END_TEST
+
 /* A worker loads what the owner published (U, lambda, trace, sigma2, delta,
  * epoch) into a geometry of its own, with no update workspace: its transform
  * must be bit for bit the owner's, both ways, for a partial and a full rank. */
@@ -793,11 +878,14 @@ START_TEST(test_load)
 
         fx_geometry(&g, k, 2);
         dks = (size_t)g.din * g.ks;
-        /* Buffers only, as libgiftclient allocates them: ws stays NULL. */
+        /* Buffers only, as libgiftclient allocates them: ws stays NULL, and
+         * the dense form where the rank wants it. */
         memset(&h, 0, sizeof h);
         h.din = g.din;
         h.k = g.k;
         h.ks = g.ks;
+        if (gift_geometry_dense_floats(g.din, g.k) > 0)
+            h.dense = malloc(gift_geometry_dense_floats(g.din, g.k) * sizeof(float));
         h.U = malloc(dks * sizeof(float));
         h.lambda = malloc((size_t)g.ks * sizeof(float));
         h.d = malloc((size_t)g.k * sizeof(float));
@@ -1192,6 +1280,7 @@ static Suite *geometry_suite(void)
     tcase_add_test(known, test_ef_rebase);
     tcase_add_test(known, test_copy);
     tcase_add_test(known, test_load);
+    tcase_add_test(known, test_dense_form);
     tcase_add_test(known, test_decay_zero_bitwise);
     tcase_add_test(known, test_decay_full_rank_average);
     tcase_add_test(known, test_decay_args);
