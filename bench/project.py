@@ -270,8 +270,17 @@ def match_rank(tensors, target_bytes):
     return 4096
 
 
+def cost_rank(din, k):
+    """The thin rank whose flops T costs: libgiftclient applies T as one
+    product with a din x din matrix (2 rows din^2 flops, as the thin form's
+    4 rows din k at k = din / 2) where 2 k >= din and din <= 1024
+    (gift_geometry_dense_floats)."""
+    return din / 2 if 2 * k >= din and din <= 1024 else k
+
+
 def giftd_bytes(tensors, fmt, gift, refresh):
-    """(push bytes, pull bytes, elements under GIFT, mean k) per worker per step."""
+    """(push bytes, pull bytes, elements under GIFT, mean cost rank) per worker
+    per step."""
     n = n_params(tensors)
     b = n * BITS[fmt] / 8
     push = pull = b
@@ -286,7 +295,7 @@ def giftd_bytes(tensors, fmt, gift, refresh):
             push += (din * ks + 1) * 4.0 / refresh
             pull += (din * k + k) * 4.0 / refresh
             ge += rows * din
-            ksum += rows * din * k
+            ksum += rows * din * cost_rank(din, k)
     return push, pull, ge, (ksum / ge if ge else 0)
 
 

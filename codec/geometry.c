@@ -180,6 +180,15 @@ size_t gift_geometry_dense_floats(int din, int k)
     return (2 * (size_t)din + (size_t)k) * (size_t)din;
 }
 
+double gift_transform_flops(double rows, int din, int k)
+{
+    if (!(rows >= 0.0) || din < 1 || k < 1 || k > din)
+        return 0.0;
+    if (gift_geometry_dense_floats(din, k) > 0)
+        return 4.0 * rows * din * (double)din;
+    return 8.0 * rows * din * (double)k;
+}
+
 /* Forms the dense T = c I + U_k diag(d) U_k^T and T^-1 (c_inv, d_inv) in
  * g->dense from the epoch's U, d and c, where g has the buffer and its rank
  * wants it (gift_geometry_dense_floats); sets dense_on. One fp32 product each

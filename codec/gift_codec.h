@@ -278,6 +278,9 @@ int gift_rank_default(int rows, int din);
  * neither have it (it is formed by one function from U, d and c). */
 #define GIFT_DENSE_MAX_DIN 1024
 size_t gift_geometry_dense_floats(int din, int k);
+/* Flops of T and T^-1 once each on rows x din on the CPU: 8 rows din k in the
+ * thin form, 4 rows din^2 where the dense form applies (0 for bad sizes). */
+double gift_transform_flops(double rows, int din, int k);
 
 /* Basis columns for rank k: min(din, k + oversample). */
 int gift_basis_cols(int din, int k, int oversample);

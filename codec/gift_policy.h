@@ -44,8 +44,8 @@
  *   32 (2 cols ks + ks) / (2 rows cols refresh).
  * A Euclidean tensor counts no geometry bytes unless cfg.sketch_always is set
  * (the owner keeps sketching it to be able to re-decide). Transform GFLOP per
- * step per worker: T on push and T^-1 on pull, 8 rows cols k / 1e9 (0 for
- * Euclidean).
+ * step per worker: T on push and T^-1 on pull, gift_transform_flops / 1e9 (8
+ * rows cols k, or 4 rows cols^2 where the dense form applies; 0 for Euclidean).
  *
  * The joint choice: options per tensor are (mode, k, format); a greedy on the
  * resulting multiple-choice knapsack starts every tensor at its cheapest

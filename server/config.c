@@ -213,8 +213,9 @@ static const gift_config_option_t options[] = {
      FIELD(max_transform_gflops), .min = 0, .max = 1000000000, .defval = "0",
      .metavar = "GFLOP",
      .help = "Cap on the transform work per worker per step over the tensors a shard\n"
-             "owns (T on push, T^-1 on pull: 8 rows din k flops), for CPU workers: the\n"
-             "owner lowers ranks or turns GIFT off to stay under it. 0 = no cap."},
+             "owns (T on push, T^-1 on pull: 8 rows din k flops, 4 rows din^2 for\n"
+             "k >= din/2), for CPU workers: the owner lowers ranks or turns GIFT off to\n"
+             "stay under it. 0 = no cap."},
     {.name = "hits_threshold", .type = GIFT_CONFIG_REAL, .where = GIFT_CONFIG_IN_ALL,
      FIELD(hits_threshold), .min = 0, .max = 1, .defval = "0", .metavar = "RATE",
      .help = "policy hits: GIFT for tensors whose fp8 boundary-hit rate (codes\n"

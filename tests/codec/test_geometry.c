@@ -794,6 +794,15 @@ START_TEST(test_dense_form)
                       0);
     ck_assert_uint_eq(gift_geometry_dense_floats(0, 1), 0);
     ck_assert_uint_eq(gift_geometry_dense_floats(8, 9), 0);
+    /* What the policy's flops cap counts: thin 8 rows din k, dense 4 rows din^2. */
+    ck_assert_msg(gift_transform_flops(10, FX_DIN, 47) == 8.0 * 10 * FX_DIN * 47 &&
+                      gift_transform_flops(10, FX_DIN, 48) == 4.0 * 10 * FX_DIN * FX_DIN &&
+                      gift_transform_flops(10, FX_DIN, FX_DIN) == 4.0 * 10 * FX_DIN * FX_DIN &&
+                      gift_transform_flops(10, 2048, 2048) == 8.0 * 10 * 2048 * 2048 &&
+                      gift_transform_flops(-1, FX_DIN, 8) == 0.0 &&
+                      gift_transform_flops(10, FX_DIN, 0) == 0.0,
+                  "gift_transform_flops: %g %g %g", gift_transform_flops(10, FX_DIN, 47),
+                  gift_transform_flops(10, FX_DIN, 48), gift_transform_flops(10, 2048, 2048));
     fx_geometry(&g, 24, 2);
     ck_assert_msg(g.dense == NULL && g.dense_on == 0, "k=24 of %d: a dense buffer", FX_DIN);
     gift_geometry_free(&g);
