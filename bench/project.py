@@ -63,6 +63,15 @@ The model (every figure per training step):
   time to target = steps to target x step; steps to target default to the
   f32 arm's (--steps-ratio ARM=X,... scales them).
 
+  --validate also gives a third prediction, with the runs' CPU: in the
+  shaped-network benchmark every process shares one machine's cores, and
+  where the workers' computing threads fill them (W >= cores) the CPU a step
+  spends beyond the compute (the workers' communication, gloo's or
+  libgiftclient's, and the shards') delays the compute by that CPU / cores.
+  It takes each arm's measured CPU per step, so it is a diagnostic of that
+  term, not a blind prediction; the model itself has no such term (a GPU
+  worker computes on the GPU).
+
 Output: a table on stdout; --json FILE and --md FILE write the same rows.
 Exit 2 with a message on a bad flag or input.
 """
@@ -498,6 +507,15 @@ def validate(args, costs):
         measured, src = read_measured(root)
     except (OSError, ValueError, KeyError) as e:
         die(f"--validate {root}: not a bench/netcluster output folder ({e})")
+    # The compute-only run's CPU per worker step (its process, all threads),
+    # for the runs'-CPU prediction below; else its step.
+    try:
+        cpu0 = float(json.load(open(os.path.join(root, "calibration", "compute", "summary.json")))
+                     ["cpu_s_per_step"])
+        cpu0_src = "calibration/compute/summary.json"
+    except (OSError, ValueError, KeyError, TypeError):
+        cpu0, cpu0_src = calib["compute_step_s"], "the compute-only step"
+    cores = calib.get("nproc") or 0
     tensors, shape = model_tensors(args)
     if n_params(tensors) != calib.get("params"):
         print(f"project.py: warning: model {shape} has {n_params(tensors)} parameters, "
@@ -537,6 +555,19 @@ def validate(args, costs):
                      if q.get("compute_s") is not None and q.get("step_median_s")]
             pp = {"step_s": statistics.median(x for x, _ in pairs)} if pairs else None
             meas = m["step_median_s"]
+            # With the runs' CPU (a diagnostic, not a blind prediction): every
+            # process shares the machine's cores, so where the workers'
+            # computing threads fill them (W >= cores) the CPU a step spends
+            # beyond the compute (workers' communication, shards) delays the
+            # compute by that CPU / cores. From each seed's measured CPU per
+            # step (workers x rank 0's + shards') less W x the compute-only's.
+            wk = m.get("workers") or calib["workers"]
+            cpus = [q["cpu_s_per_step"] for q in ps if q.get("cpu_s_per_step") is not None]
+            pcpu = None
+            if cpus and cores and wk >= cores:
+                extra = max(0.0, statistics.mean(cpus) - wk * cpu0) / cores
+                pcpu = {"step_s": pred(calib["compute_step_s"] + extra)["step_s"],
+                        "contention_s": extra}
             # time to target from the measured steps to target of the seeds that got there
             stt = [q["steps_to_target"] for q in ps if q.get("steps_to_target")]
             ttt_pred = statistics.median(stt) * pc["step_s"] if stt else None
@@ -548,6 +579,9 @@ def validate(args, costs):
                          "ratio_paired": (statistics.median(x / y for x, y in pairs)
                                           if pp else None),
                          "ratio_paired_per_seed": [round(x / y, 3) for x, y in pairs],
+                         "contention_s": pcpu["contention_s"] if pcpu else None,
+                         "predicted_cpu_step_s": pcpu["step_s"] if pcpu else None,
+                         "ratio_cpu": pcpu["step_s"] / meas if pcpu else None,
                          "predicted_comm_s": pc["comm_s"], "delay_ms_used": delay * 1e3,
                          "steps_to_target_measured": statistics.median(stt) if stt else None,
                          "time_to_target_measured_s": m.get("time_to_target_s"),
@@ -557,32 +591,41 @@ def validate(args, costs):
         return sum(1 for x in v if abs(x - 1) <= 0.15), len(v)
     w1, n1 = within("ratio")
     w2, n2 = within("ratio_paired")
+    w3, n3 = within("ratio_cpu")
     lines = [f"Validation against {root} ({src}; calibration {calib.get('date')}, "
              f"{calib.get('nproc')} cores, {calib.get('cpu')}): compute-only step "
              f"{calib['compute_step_s'] * 1e3:.1f} ms, {calib.get('params')} parameters, "
              f"W = {calib.get('workers')}, overlap {args.overlap}; costs {costs['source']}.",
              "",
              "| link | arm | Mbit/s | seeds | measured ms | predicted ms (calib. compute) | ratio "
-             "| paired compute ms (seed mean) | predicted ms (paired) | ratio | steps to target "
+             "| paired compute ms (seed mean) | predicted ms (paired) | ratio "
+             "| + runs' CPU ms | predicted ms (runs' CPU) | ratio | steps to target "
              "| time to target s measured / predicted |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         rp = "–" if r["ratio_paired"] is None else f"{r['ratio_paired']:.2f}"
+        rc = "–" if r["ratio_cpu"] is None else f"{r['ratio_cpu']:.2f}"
         lines.append(f"| {r['link']} | {r['arm']} | {r['rate_mbit']} | {r['seeds']} | "
                      f"{ms(r['measured_step_s'])} | {ms(r['predicted_step_s'])} | {r['ratio']:.2f} | "
                      f"{ms(r['paired_compute_s'])} | {ms(r['predicted_paired_step_s'])} | {rp} | "
+                     f"{ms(r['contention_s'])} | {ms(r['predicted_cpu_step_s'])} | {rc} | "
                      f"{r['steps_to_target_measured'] or '–'} | "
                      + (f"{r['time_to_target_measured_s']:.1f}" if r["time_to_target_measured_s"] else "–")
                      + " / " + (f"{r['time_to_target_predicted_s']:.1f}" if r["time_to_target_predicted_s"] else "–")
                      + " |")
     lines += ["", f"within 15%: {w1}/{n1} arms with the calibration's compute step, "
               f"{w2}/{n2} with the seed-paired compute-only step (each seed's prediction from the "
-              f"compute-only step of the same seed, median of the per-seed ratios). Time to "
+              f"compute-only step of the same seed, median of the per-seed ratios), "
+              f"{w3}/{n3} with the runs' CPU (a diagnostic: the calibration's compute step plus "
+              f"the CPU each arm's runs spent per step beyond W x the compute-only run's "
+              f"({cpu0 * 1e3:.1f} ms a worker, {cpu0_src}), over the {cores} cores every "
+              f"process shares; only where W >= cores). Time to "
               f"target predicted = the median measured steps to target x the predicted step "
               f"(calibration compute)."]
     obj = {"validate": root, "source": src, "calibration": calib, "costs": costs,
            "overlap": args.overlap, "rows": rows, "within_15pct": [w1, n1],
-           "within_15pct_paired": [w2, n2]}
+           "within_15pct_paired": [w2, n2], "within_15pct_cpu": [w3, n3],
+           "compute_only_cpu_s": cpu0}
     write_out(args, obj, "\n".join(lines))
 
 

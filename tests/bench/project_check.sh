@@ -8,7 +8,9 @@
 #     100 Gbit/s), and at least the compute step;
 #  3. --validate on a synthetic bench/netcluster folder: one row per arm but
 #     `none`, ratio = predicted / measured, the paired prediction uses the
-#     seed's compute step;
+#     seed's compute step, the runs'-CPU one adds (CPU per step - W x the
+#     compute-only run's) / cores to the compute, and only where the runs
+#     have a CPU figure;
 #  4. --project paper: giftd needs W shard hosts at equal link rates;
 #  5. --cluster-json on a small fixture (written here): the shard CPU of the
 #     codecs it has is W x (push + pull) x its shard ns/payload byte, the
@@ -51,12 +53,15 @@ cat >"$work/nc/report/report.json" <<'EOF'
 {"calibration": {}, "links": {"starved": {"arms": {
  "ddp-allreduce": {"seeds": [1], "rate_mbit": 83, "workers": 2, "servers": 0,
    "colocated": false, "step_median_s": 0.25, "compute_s": 0.08,
-   "per_seed": [{"seed": 1, "step_median_s": 0.25, "compute_s": 0.08, "delay_ms_applied": 0}]},
+   "per_seed": [{"seed": 1, "step_median_s": 0.25, "compute_s": 0.08, "delay_ms_applied": 0,
+                 "cpu_s_per_step": 0.16}]},
  "nvfp4-gift-colo": {"seeds": [1], "rate_mbit": 83, "workers": 2, "servers": 2,
    "colocated": true, "step_median_s": 0.09, "compute_s": 0.05,
    "per_seed": [{"seed": 1, "step_median_s": 0.09, "compute_s": 0.05, "delay_ms_applied": 0}]},
  "none": {"seeds": [1], "rate_mbit": 83, "step_median_s": 0.07, "per_seed": []}}}}}
 EOF
+mkdir -p "$work/nc/calibration/compute"
+echo '{"cpu_s_per_step": 0.06}' >"$work/nc/calibration/compute/summary.json"
 "$py" "$proj" --costs "$work/costs.json" --validate "$work/nc" --json "$work/val.json" \
     --md "$work/val.md" >/dev/null
 "$py" "$proj" --costs "$work/costs.json" --project paper --json "$work/paper.json" >/dev/null
@@ -122,6 +127,15 @@ ar = next(r for r in v["rows"] if r["arm"] == "ddp-allreduce")
 want = 0.08 + 4 * 467584 / (83e6 / 8)
 check(abs(ar["predicted_paired_step_s"] - want) < 1e-6,
       f"ddp-allreduce paired prediction {ar['predicted_paired_step_s']}, want {want}")
+# with the runs' CPU: (0.16 - W x 0.06) / 2 cores = 20 ms on the calibration's 70 ms compute
+want = 0.07 + (0.16 - 2 * 0.06) / 2 + 4 * 467584 / (83e6 / 8)
+check(ar["predicted_cpu_step_s"] is not None and abs(ar["predicted_cpu_step_s"] - want) < 1e-6,
+      f"ddp-allreduce runs'-CPU prediction {ar['predicted_cpu_step_s']}, want {want}")
+check(abs(ar["contention_s"] - 0.02) < 1e-9, f"ddp-allreduce contention {ar['contention_s']}, want 0.02")
+colo = next(r for r in v["rows"] if r["arm"] == "nvfp4-gift-colo")
+check(colo["ratio_cpu"] is None, f"nvfp4-gift-colo: runs'-CPU ratio {colo['ratio_cpu']} without a CPU figure")
+check(v["compute_only_cpu_s"] == 0.06 and v["within_15pct_cpu"][1] == 1,
+      f"compute-only CPU {v['compute_only_cpu_s']}, runs'-CPU rows {v['within_15pct_cpu']}")
 p = json.load(open(f"{w}/paper.json"))
 check(p["W"] == 64 and abs(p["params"] - 0.6e9) < 0.05e9, f"paper: W {p['W']}, params {p['params']}")
 for r in p["rows"]:
