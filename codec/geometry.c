@@ -226,7 +226,8 @@ static void gift__dense_set(gift_geometry_t *g)
  * BLAS/LAPACK build). g is zeroed first, so gift_geometry_free is safe after
  * any failure. Returns 0, GIFT_EINVAL (bad sizes), GIFT_ENOMEM or GIFT_ELAPACK.
  */
-int gift_geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed)
+static int gift__geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed,
+                               int dense)
 {
     gift__geo_ws_t *ws;
     size_t dks, i, j;
@@ -248,7 +249,7 @@ int gift_geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed
     g->d_inv = malloc((size_t)k * sizeof(float));
     if (g->U == NULL || g->lambda == NULL || g->d == NULL || g->d_inv == NULL)
         goto out_free_g;
-    if (gift_geometry_dense_floats(din, k) > 0 &&
+    if (dense && gift_geometry_dense_floats(din, k) > 0 &&
         (g->dense = malloc(gift_geometry_dense_floats(din, k) * sizeof(float))) == NULL)
         goto out_free_g;
     if ((ws = gift__ws_alloc(din, ks)) == NULL)
@@ -277,6 +278,16 @@ out_free_g:
     gift_geometry_free(g);
 out:
     return rc;
+}
+
+int gift_geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed)
+{
+    return gift__geometry_init(g, din, k, ks, seed, 1);
+}
+
+int gift_geometry_init_thin(gift_geometry_t *g, int din, int k, int ks, uint64_t seed)
+{
+    return gift__geometry_init(g, din, k, ks, seed, 0);
 }
 
 void gift_geometry_free(gift_geometry_t *g)

@@ -289,6 +289,11 @@ int gift_basis_cols(int din, int k, int oversample);
  * identity transform with a deterministic random orthonormal basis from seed.
  * Returns 0, GIFT_EINVAL, GIFT_ENOMEM, GIFT_ELAPACK. Free with gift_geometry_free. */
 int gift_geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed);
+/* gift_geometry_init without the dense form (dense stays NULL): for a holder
+ * that builds epochs but seldom applies T, such as the shard's geometry
+ * owner, which then neither holds the matrices nor forms them each epoch
+ * (4 din^2 k flops). Its transforms take the thin form. */
+int gift_geometry_init_thin(gift_geometry_t *g, int din, int k, int ks, uint64_t seed);
 void gift_geometry_free(gift_geometry_t *g);
 /* Copies src into dst (same din, k, ks). */
 int gift_geometry_copy(gift_geometry_t *dst, const gift_geometry_t *src);

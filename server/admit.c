@@ -38,8 +38,9 @@ uint64_t gift_shard_memory_committed(const gift_shard_t *s)
 }
 
 /* What the geometry owner of t allocates: the basis and its LAPACK
- * workspace (codec/geometry.c), the sketch sums, with ordered aggregation
- * every rank's sketch, and two published copies of U and lambda. */
+ * workspace (codec/geometry.c; thin, so no dense T), the sketch sums, with
+ * ordered aggregation every rank's sketch, and two published copies of U
+ * and lambda. */
 static uint64_t geometry_need(const gift_shard_t *s, const tensor_t *t)
 {
     uint64_t dks = gift__mul_sat(t->cols, t->ks), kk = gift__mul_sat(t->ks, t->ks), n;

@@ -341,7 +341,10 @@ static int store_build(gift_shard_t *s, const Gift__Declare *d, char *why, size_
         tensor_t *t = &s->tensors[i];
         if (!t->owner || !t->geometry)
             continue;
-        if ((rc = gift_geometry_init(&t->geo, (int)t->cols, (int)t->k, (int)t->ks, t->seed)) < 0) {
+        /* Thin: the owner never applies T to what it serves (admit.c's
+         * geometry_need counts no dense form). */
+        if ((rc = gift_geometry_init_thin(&t->geo, (int)t->cols, (int)t->k, (int)t->ks,
+                                          t->seed)) < 0) {
             snprintf(why, whylen, "tensor %u: geometry init failed (%s)", t->key,
                      gift_strerror(rc));
             goto fail;

@@ -775,7 +775,7 @@ START_TEST(test_copy)
 END_TEST
 
 /* The dense form (T and T^-1 as matrices, gift_geometry_dense_floats): kept
- * for 2 k >= din only; in place gives the same bits as not, for one row (the
+ * for 2 k >= din only, never by gift_geometry_init_thin; in place gives the same bits as not, for one row (the
  * thin fallback: rows * k < din) and many (row blocks at k = 60); it agrees
  * with the thin form of the same epoch to fp32 rounding; a copy forms the
  * same matrices; a rank lowered below din / 2 and an identity epoch use none. */
@@ -813,9 +813,8 @@ START_TEST(test_dense_form)
         ck_assert_msg(g.dense != NULL && g.dense_on == 1, "k=%d: dense %p on %d", k,
                       (void *)g.dense, g.dense_on);
         /* The same epoch without the buffer: the thin form. */
-        ck_assert_int_eq(gift_geometry_init(&t, FX_DIN, k, g.ks, 5), 0);
-        free(t.dense);
-        t.dense = NULL;
+        ck_assert_int_eq(gift_geometry_init_thin(&t, FX_DIN, k, g.ks, 5), 0);
+        ck_assert_ptr_null(t.dense);
         ck_assert_int_eq(gift_geometry_copy(&t, &g), 0);
         ck_assert_int_eq(t.dense_on, 0);
         ck_assert_int_eq(gift_geometry_init(&h, FX_DIN, k, g.ks, 6), 0);
