@@ -335,10 +335,12 @@ double gift_geometry_decay_at(double decay, uint32_t n);
 /* Sets g to a published epoch: U (din x ks, row-major) and lambda (ks) as
  * received from the geometry owner, with its trace, sigma2, delta, epoch and
  * identity flag. c, d, c_inv and d_inv are computed exactly as
- * gift_geometry_update computes them, so every worker that loads the same
- * epoch holds a bit-identical transform (and the same one as the owner). g's
- * buffers must exist for din, k, ks (gift_geometry_init, or allocated by the
- * caller with ws NULL); U and lambda may be g's own buffers. On error g is
+ * gift_geometry_update computes them, so every holder of the same epoch
+ * transforms bit for bit alike, the owner included, where both or neither
+ * hold the dense form. g's buffers must exist for din, k, ks
+ * (gift_geometry_init, or allocated by the caller with ws NULL and dense
+ * NULL or of gift_geometry_dense_floats(din, k) floats); U and lambda may be
+ * g's own buffers. On error g is
  * unchanged. Returns 0 or GIFT_EINVAL
  * (NaN/Inf or negative values, or a singular T). No allocation. */
 int gift_geometry_load(gift_geometry_t *g, const float *U, const float *lambda, double trace,
