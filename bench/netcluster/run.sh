@@ -32,9 +32,13 @@
 # hosts) and nvfp4-gift-colo (the shards on the worker hosts). Every GIFT arm
 # refreshes its geometry every 50 steps. The default model: dim 128, 2
 # layers, 4 heads, sequence 64, batch 8 per worker (0.47M parameters), 600
-# steps, validation every 10 steps on 4 batches. (At 300 steps the loss
-# still fell about 0.5% every 10 steps, so the 1% band around the target was
-# some 20 steps of training and one seed's lag decided it.)
+# steps, validation every 10 steps on 32 batches (16384 tokens, the same
+# windows for every seed). (At 300 steps the loss still fell about 0.5% every
+# 10 steps, so the 1% band around the target was some 20 steps of training
+# and one seed's lag decided it. On 4 batches, 2048 tokens, ddp-allreduce's
+# three seeds ranked in one order by validation loss and in the opposite by
+# training loss, 2.5% apart: the windows, not the models, decided the
+# per-seed targets.)
 # --egress (default fair) is cluster.sh's: each host's rate shared among the
 # peers it sends to, or one FIFO. --chunk-kib (default 64) is the giftd arms'
 # largest chunk (train_llama.py --chunk-kib): a shard replies to a chunk once
@@ -62,7 +66,7 @@ calibrate_only=0
 report=0
 py=/usr/bin/python3
 model=(--dim 128 --layers 2 --heads 4 --seq 64 --batch 8 --warmup 20 --val-every 10
-       --val-batches 4 --refresh 50)
+       --val-batches 32 --refresh 50)
 extra=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
