@@ -37,8 +37,8 @@
 # 10 steps, so the 1% band around the target was some 20 steps of training
 # and one seed's lag decided it. On 4 batches, 2048 tokens, ddp-allreduce's
 # three seeds ranked in one order by validation loss and in the opposite by
-# training loss, 2.5% apart: the windows, not the models, decided the
-# per-seed targets.)
+# training loss, 2.5% apart: the windows set part of the per-seed targets.
+# On 16384 tokens its seeds still spread by 0.8%: that part is the models.)
 # --egress (default fair) is cluster.sh's: each host's rate shared among the
 # peers it sends to, or one FIFO. --chunk-kib (default 64) is the giftd arms'
 # largest chunk (train_llama.py --chunk-kib): a shard replies to a chunk once
