@@ -87,6 +87,7 @@ typedef struct cl_opts {
     int pull_ef; /* --pull-ef: every row tensor declared with pull_error_feedback */
     int inplace; /* --inplace: gift_push_pull(grad, grad), as gift.torch calls it */
     int ef;      /* --ef: every row tensor declared with error_feedback */
+    long codec_threads; /* --codec-threads: gift_client_opts_t.codec_threads */
 } cl_opts_t;
 
 /* One tensor of the base list (the same list is declared once per row). */
@@ -288,6 +289,7 @@ void bench_cluster_usage(FILE *f)
             "                          [--row-seconds X] [--rtt-iters N] [--stream-reps N]\n"
             "                          [--giftd PATH] [--servers host:port,...] [--step0 N]\n"
             "                          [--seed S] [--ef] [--pull-ef] [--inplace]\n"
+            "                          [--codec-threads N]\n"
             "                          [--json FILE]\n"
             "\n"
             "End-to-end throughput of giftd on loopback. Starts S shards (giftd --port 0)\n"
@@ -341,6 +343,10 @@ void bench_cluster_usage(FILE *f)
             "  --pull-ef         declare the rows' tensors with pull_error_feedback (the\n"
             "                    shards keep the residual of each step's encoded mean;\n"
             "                    no effect on f32 rows)\n"
+            "  --codec-threads N each worker's client transforms and encodes its pushes on N\n"
+            "                    threads beside the I/O thread (opts.codec_threads; default\n"
+            "                    0, or $GIFT_CODEC_THREADS); their CPU is counted with the\n"
+            "                    I/O thread's in the per-byte costs\n"
             "  --inplace         pull into the pushed buffer (out = grad), as gift.torch's\n"
             "                    DDP hook and GiftReducer do; default: a separate out buffer\n"
             "  --json FILE       write results here (default %s/cluster.json)\n"
@@ -367,6 +373,7 @@ static int parse_opts(int argc, char **argv, cl_opts_t *o)
     o->json = BENCH_OUT_DIR "/cluster.json";
     o->giftd = GIFTD_BIN;
     o->seed = 1;
+    o->codec_threads = -1;
     const bench_opt_t opts[] = {
         BENCH_FLAG("--pull-ef", &o->pull_ef),
         BENCH_FLAG("--ef", &o->ef),
@@ -378,6 +385,7 @@ static int parse_opts(int argc, char **argv, cl_opts_t *o)
         BENCH_LONG("--mib", &o->mib, 1, 4096),
         BENCH_LONG("--chunk-mib", &o->chunk_mib, 1, 1024),
         BENCH_LONG("--k", &o->k, 1, 1024),
+        BENCH_LONG("--codec-threads", &o->codec_threads, 0, 64),
         BENCH_LONG("--rtt-iters", &o->rtt_iters, 10, 1000000),
         BENCH_LONG("--stream-reps", &o->stream_reps, 1, 1000),
         BENCH_DOUBLE("--row-seconds", &o->row_seconds, 0.0, 3600.0),
@@ -1108,7 +1116,7 @@ static int run_row(cl_worker_ctx_t *x, gift_client_t *c, int r, float **grad, fl
     k1.size = sizeof k1;
     if (have_k0 && gift_client_counters(c, &k1) == 0) {
         m->have_counters = 1;
-        m->io_cpu_ns = k1.io_cpu_ns - k0.io_cpu_ns;
+        m->io_cpu_ns = (k1.io_cpu_ns + k1.codec_cpu_ns) - (k0.io_cpu_ns + k0.codec_cpu_ns);
         m->payload_bytes = (k1.payload_out - k0.payload_out) + (k1.payload_in - k0.payload_in);
         for (int k = 0; k < GIFT_PASS_KINDS; k++)
             m->pass_bytes[k] = k1.pass_bytes[k] - k0.pass_bytes[k];
@@ -1183,6 +1191,7 @@ static void worker_main(cl_worker_ctx_t *x)
     co.servers = x->servers;
     co.rank = x->rank;
     co.world_size = (int)o->workers;
+    co.codec_threads = (int)o->codec_threads;
     co.chunk_bytes = (uint64_t)o->chunk_mib << 20;
     co.seed = o->seed;
     co.name = name;
@@ -1616,6 +1625,7 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
     bench_json_int(&j, "gift_rank", o->k);
     bench_json_int(&j, "pull_error_feedback", o->pull_ef);
     bench_json_int(&j, "inplace", o->inplace);
+    bench_json_int(&j, "codec_threads", o->codec_threads);
     bench_json_int(&j, "error_feedback", o->ef);
     bench_json_int(&j, "gift_sketch_rows", CL_SKETCH_ROWS);
     bench_json_int(&j, "gift_refresh", CL_REFRESH);
@@ -1642,8 +1652,8 @@ static int write_json(const cl_opts_t *o, const cl_tensor_t *list, int nt, const
     bench_json_obj_end(&j);
     bench_json_obj(&j, "per_byte_costs");
     bench_json_str(&j, "worker_io_ns_per_payload_byte",
-                   "CPU ns of the client's I/O thread (gift_client_counters io_cpu_ns) per "
-                   "payload byte out + in, all workers pooled");
+                   "CPU ns of the client's I/O thread and codec threads (gift_client_counters "
+                   "io_cpu_ns + codec_cpu_ns) per payload byte out + in, all workers pooled");
     bench_json_str(&j, "worker_io_ns_per_fp32_byte",
                    "the same CPU ns per FP32 byte moved: 2 x the list's FP32 bytes per step "
                    "(push and pull)");

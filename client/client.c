@@ -177,7 +177,7 @@ const char *gift_pass_name(int kind)
 
 /* The first release's size: every later field is filled only when the
  * caller's struct has room for it. */
-#define GIFT__COUNTERS_V1 sizeof(gift_client_counters_t)
+#define GIFT__COUNTERS_V1 offsetof(gift_client_counters_t, codec_cpu_ns)
 
 int gift_client_counters(gift_client_t *c, gift_client_counters_t *out)
 {
@@ -198,6 +198,7 @@ int gift_client_counters(gift_client_t *c, gift_client_counters_t *out)
     v.payload_in = __atomic_load_n(&c->payload_in, __ATOMIC_RELAXED);
     for (int k = 0; k < GIFT_PASS_KINDS; k++)
         v.pass_bytes[k] = __atomic_load_n(&c->pass_bytes[k], __ATOMIC_RELAXED);
+    v.codec_cpu_ns = __atomic_load_n(&c->codec_cpu_ns, __ATOMIC_RELAXED);
     memcpy(out, &v, size < sizeof v ? size : sizeof v);
     out->size = size;
     return 0;
@@ -340,6 +341,7 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
     *out = NULL;
     memset(&o, 0, sizeof o);
     o.rank = -1;
+    o.codec_threads = -1;
     if (opts != NULL) {
         size_t n = opts->size;
         if (n < offsetof(gift_client_opts_t, servers))
@@ -347,6 +349,8 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
         memcpy(&o, opts, n < sizeof o ? n : sizeof o);
         if (n <= offsetof(gift_client_opts_t, rank))
             o.rank = -1;
+        if (n <= offsetof(gift_client_opts_t, codec_threads))
+            o.codec_threads = -1;
     }
     if ((c = calloc(1, sizeof *c)) == NULL)
         return GIFT_ENOMEM;
@@ -388,6 +392,22 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
         o.connect_timeout_ms ? o.connect_timeout_ms : GIFT__CONNECT_TIMEOUT_DEFAULT;
     c->backoff_max_ms = o.backoff_max_ms ? o.backoff_max_ms : GIFT__BACKOFF_MAX_DEFAULT;
     c->seed = o.seed ? o.seed : 1;
+    if (o.codec_threads >= 0) {
+        if (o.codec_threads > GIFT__CODEC_THREADS_MAX) {
+            fprintf(stderr, "giftclient: opts.codec_threads %d; at most %d are allowed\n",
+                    o.codec_threads, GIFT__CODEC_THREADS_MAX);
+            goto fail;
+        }
+        c->codec_threads = o.codec_threads;
+    } else if ((v = getenv("GIFT_CODEC_THREADS")) != NULL && *v != '\0') {
+        long t = parse_uint(v, GIFT__CODEC_THREADS_MAX);
+        if (t < 0) {
+            fprintf(stderr, "giftclient: GIFT_CODEC_THREADS=%s is not a number of threads "
+                            "0..%d\n", v, GIFT__CODEC_THREADS_MAX);
+            goto fail;
+        }
+        c->codec_threads = (int)t;
+    }
     v = o.name;
     if (v != NULL && *v != '\0')
         snprintf(c->name, sizeof c->name, "%s", v);
@@ -610,6 +630,8 @@ static int wire_alloc(gift_client_t *c, gift__wire_t *w)
         return GIFT_ENOMEM;
     if (w->geometry) {
         if ((!dev && (w->work = aligned((size_t)w->rows * w->k * sizeof(float))) == NULL) ||
+            (!dev && !fused && c->codec_threads > 0 &&
+             (w->pwork = aligned((size_t)w->rows * w->k * sizeof(float))) == NULL) ||
             (w->Y = aligned((size_t)w->cols * w->ks * sizeof(float))) == NULL)
             return GIFT_ENOMEM;
         for (int s = 0; s < GIFT__GEO_SLOTS; s++)

@@ -998,6 +998,8 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
             if (w->geo[i].g.epoch < slot->g.epoch)
                 slot = &w->geo[i];
     }
+    if (slot->pinned) /* a codec thread's push still reads it (host.c) */
+        w->path->quiesce(c, w);
     /* The payload need not be aligned: copy it into the slot, then load in place. */
     slot->used = 0;
     memcpy(slot->g.U, f->payload, dks * sizeof(float));
@@ -1265,6 +1267,8 @@ void gift__eng_free_wires(gift_client_t *c)
         }
         free(w->p);
         free(w->work);
+        free(w->pwork);
+        free(w->hjob);
         free(w->Y);
         free(w->skw);
         gift_ef_free(&w->ef);

@@ -63,6 +63,7 @@
 #define GIFT__BACKOFF_MAX_DEFAULT 2000
 #define GIFT__BACKOFF_MIN_MS 20
 #define GIFT__REFRESH_DEFAULT 50
+#define GIFT__CODEC_THREADS_MAX 64
 
 /* Kinds carried in the top byte of a request's seq, so that an Error frame
  * finds the request it answers. */
@@ -206,6 +207,7 @@ typedef struct gift__geo {
     uint64_t valid_from;
     int used;
     uint32_t gen; /* bumped at every load (device copies compare it) */
+    int pinned;   /* host.c: a codec thread's push reads it (not reloaded until quiesced) */
 } gift__geo_t;
 
 typedef struct gift__dwire gift__dwire_t; /* device.c: a device wire's buffers */
@@ -251,6 +253,8 @@ typedef struct gift__wire {
     int memory, device;
     gift__dwire_t *dw; /* NULL for host wires; set on the I/O thread at declare */
     const gift__path_t *path; /* host or device path; set on the I/O thread at declare */
+    struct gift__hjob *hjob;  /* host.c: its push on a codec thread (codec_threads > 0) */
+    float *pwork;             /* that push's transform scratch, rows * k (w->work is the pull's) */
 } gift__wire_t;
 
 /* The memory path of a wire: how its pushes are transformed and encoded and
@@ -393,6 +397,7 @@ struct gift_client {
     /* Atomic: gift_client_counters (the I/O thread's CPU time is read then). */
     uint64_t payload_out, payload_in;
     uint64_t pass_bytes[GIFT_PASS_KINDS];
+    uint64_t codec_cpu_ns; /* the codec threads' CPU, added after each push */
     /* I/O thread. */
     gift__conn_t *conns;
     struct gift_op *ops; /* in flight */
@@ -400,7 +405,10 @@ struct gift_client {
     int geo_err;     /* a GeometryRequest failed during declare */
     int io_declared; /* the I/O thread's own "declared" (Hello digest, Declare) */
     int rescan;
-    size_t nencoding; /* wires whose push is still being encoded */
+    size_t nencoding; /* wires whose push is still being encoded, a few chunks a turn */
+    int codec_threads;         /* configuration: threads of the codec pool (0: none) */
+    struct gift__pool *pool;   /* host.c: the codec threads, or NULL */
+    size_t npool;              /* wires whose push is on a codec thread */
     int closing;
     int lost; /* a shard lost the run's state (GIFT_ESTATE): every operation fails with it */
     gift__gpu_t *gpu; /* device.c: contexts and job queues, or NULL */
@@ -411,6 +419,11 @@ struct gift_client {
 /* The host path (host.c), every wire's unless the device table's declare gives it a
  * device's. */
 extern const gift__path_t gift__host_path;
+/* The codec threads (host.c; c->codec_threads of them, none when 0): started
+ * by net.c before the I/O thread runs, stopped (each finishing its push, then
+ * joined) before the loop closes the handle that wakes it. 0 or GIFT_ENOMEM. */
+int gift__host_pool_start(gift_client_t *c);
+void gift__host_pool_stop(gift_client_t *c);
 
 /* The policy's decision, on the host path (host.c). */
 /* Loads Geometry m (its payload already in G->g.U and G->g.lambda) into G:

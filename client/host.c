@@ -9,8 +9,14 @@
  * The engine reaches this file only through the table; this file reaches
  * the engine only through its gift__eng_* entries.
  */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gift_kernels.h"
 #include "giftclient_internal.h"
@@ -68,6 +74,38 @@ static int encode_ef(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
     return 0;
 }
 
+/* Encodes chunk j of ps's push into its payload area: with error feedback
+ * (encode_ef), checked where it lies (f32 sent from ps->zc), or encoded.
+ * Touches the chunk's payload, its residual and its slice of w->p only, so
+ * a codec thread may run it (the counters are atomic). 0 or the encode's
+ * error. */
+static int encode_one(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j)
+{
+    gift__chunk_t *ch = gift__chunk_of(c, w, j);
+    gift_codec_params_t cp = ps->push;
+    uint8_t *pay = ps->payload + ch->push_off;
+    int rc;
+    cp.sr.seed = c->seed;
+    cp.sr.rank = (uint32_t)c->rank;
+    cp.sr.key = w->key;
+    cp.sr.chunk = ch->idx;
+    cp.sr.step = ps->step;
+    if (w->ef_on)
+        return encode_ef(c, w, ps, &cp, ch, pay);
+    if (ps->zc != NULL && gift__zc_chunk(ps, ch)) {
+        /* Sent from where it is: only f32 encode's check of it. */
+        rc = gift_payload_check(&cp, ps->zc + ch->off, (size_t)ch->n * 4u, ch->n) < 0
+                 ? GIFT_ENONFINITE
+                 : 0;
+        GIFT__PASS(c, GIFT_PASS_CHECK, ch->n);
+        return rc;
+    }
+    rc = gift__backend_cpu()->encode(NULL, &cp, ps->encp + ch->off, ch->n, pay,
+                                     gift__ps_push_len(ps, ch));
+    GIFT__PASS(c, GIFT_PASS_ENCODE, ch->n);
+    return rc;
+}
+
 /* Encodes the next chunks of w's push (at least one, then while under budget
  * bytes of input), updates the residual of each, and queues each Push as
  * soon as it is encoded, followed by the Pull of the same chunk when that
@@ -89,35 +127,13 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
     }
     while (ps->nenc < w->nchunks && (done == 0 || done < budget)) {
         uint32_t j = ps->nenc;
-        gift__chunk_t *ch = gift__chunk_of(c, w, j);
-        gift_codec_params_t cp = ps->push;
-        uint8_t *pay = ps->payload + ch->push_off;
-        const float *p = ps->encp;
-        cp.sr.seed = c->seed;
-        cp.sr.rank = (uint32_t)c->rank;
-        cp.sr.key = w->key;
-        cp.sr.chunk = ch->idx;
-        cp.sr.step = ps->step;
-        if (w->ef_on) {
-            rc = encode_ef(c, w, ps, &cp, ch, pay);
-        } else if (ps->zc != NULL && gift__zc_chunk(ps, ch)) {
-            /* Sent from where it is: only f32 encode's check of it. */
-            rc = gift_payload_check(&cp, ps->zc + ch->off, (size_t)ch->n * 4u, ch->n) < 0
-                     ? GIFT_ENONFINITE
-                     : 0;
-            GIFT__PASS(c, GIFT_PASS_CHECK, ch->n);
-        } else {
-            rc = gift__backend_cpu()->encode(NULL, &cp, p + ch->off, ch->n, pay,
-                                             gift__ps_push_len(ps, ch));
-            GIFT__PASS(c, GIFT_PASS_ENCODE, ch->n);
-        }
-        if (rc < 0) {
+        if ((rc = encode_one(c, w, ps, j)) < 0) {
             stop_encoding(c, w);
             gift__eng_push_fail(c, ps, rc);
             return done;
         }
         ps->nenc = j + 1;
-        done += ch->n * sizeof(float);
+        done += gift__chunk_of(c, w, j)->n * sizeof(float);
         gift__eng_push_chunk_ready(c, w, ps, j);
     }
     if (ps->nenc == w->nchunks)
@@ -125,15 +141,236 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
     return done;
 }
 
-/* The turn's encoding: about GIFT__ENCODE_TURN_BYTES, pushes of higher
- * priority first (the order their frames would have been sorted in). */
+/* ------------------------------------------------------------------ */
+/* The codec threads (gift_client_opts_t.codec_threads)                  */
+/* ------------------------------------------------------------------ */
+
+/* A push on a codec thread: the transform (G T into w->p, on w->pwork),
+ * the residual's rebase or reset, and every chunk's encode, in chunk order.
+ * The I/O thread queues it and then touches none of what it writes (w->p,
+ * w->pwork, w->ef, the chunks' payloads not yet published) nor the
+ * geometry slots it reads (pinned: on_geometry quiesces before reloading
+ * one) until it is done; it sends each chunk once `pub` says it is encoded
+ * (gift__host_encode_more). One job per wire: the engine starts a wire's
+ * next push only when this one is no longer encoding. */
+typedef struct gift__pool gift__pool_t;
+
+typedef struct gift__hjob {
+    struct gift__hjob *next; /* pool queue (pool mu) */
+    gift__wire_t *w;
+    gift__pstate_t *ps;
+    const float *src;
+    gift__geo_t *G, *old; /* pinned while the job is active */
+    uint32_t epoch;
+    int active;   /* I/O thread: queued or running, not yet retired */
+    uint32_t pub; /* atomic: chunks encoded; release after each */
+    int err;      /* the failing chunk's code, written before done */
+    int done;     /* atomic: the thread is finished with it (pool mu for the wait) */
+} gift__hjob_t;
+
+struct gift__pool {
+    gift_client_t *c;
+    pthread_t *th;
+    int n, started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, donecv;
+    gift__hjob_t *head, *tail;
+    int stop;
+};
+
+/* The job's work, on a codec thread. */
+static void hjob_run(gift_client_t *c, gift__hjob_t *j)
+{
+    gift__wire_t *w = j->w;
+    gift__pstate_t *ps = j->ps;
+    int rc = 0;
+
+    if (j->G != NULL && !j->G->g.identity) {
+        rc = gift__backend_cpu()->transform(NULL, &j->G->g, 0, j->src, (int)w->rows, w->p,
+                                            w->pwork);
+        GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
+    }
+    if (rc == 0 && w->ef_on && w->ef.epoch != j->epoch) {
+        if (j->old == NULL || j->G == NULL ||
+            gift_ef_rebase(&w->ef, &j->old->g, &j->G->g, w->pwork) < 0)
+            gift_ef_reset(&w->ef, j->epoch);
+    }
+    for (uint32_t k = 0; rc == 0 && k < w->nchunks; k++) {
+        if ((rc = encode_one(c, w, ps, k)) == 0)
+            __atomic_store_n(&j->pub, k + 1, __ATOMIC_RELEASE);
+        if (k + 1 == w->nchunks || rc < 0 || (k & 3) == 3)
+            c->io->wake(c); /* the I/O thread sends what is published */
+    }
+    j->err = rc;
+}
+
+/* This thread's CPU time in nanoseconds (0 when the clock is not there). */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void *pool_main(void *arg)
+{
+    gift__pool_t *pool = arg;
+    uint64_t cpu = thread_cpu_ns();
+    pthread_mutex_lock(&pool->mu);
+    for (;;) {
+        gift__hjob_t *j;
+        while (!pool->stop && pool->head == NULL)
+            pthread_cond_wait(&pool->cv, &pool->mu);
+        if (pool->head == NULL) /* stopping, and nothing is queued */
+            break;
+        j = pool->head;
+        pool->head = j->next;
+        if (pool->head == NULL)
+            pool->tail = NULL;
+        pthread_mutex_unlock(&pool->mu);
+        hjob_run(pool->c, j);
+        {
+            uint64_t now = thread_cpu_ns();
+            __atomic_fetch_add(&pool->c->codec_cpu_ns, now - cpu, __ATOMIC_RELAXED);
+            cpu = now;
+        }
+        pthread_mutex_lock(&pool->mu);
+        __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&pool->donecv);
+        pool->c->io->wake(pool->c);
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
+}
+
+int gift__host_pool_start(gift_client_t *c)
+{
+    gift__pool_t *pool;
+    if (c->codec_threads <= 0 || c->pool != NULL)
+        return 0;
+    if ((pool = calloc(1, sizeof *pool)) == NULL ||
+        (pool->th = calloc((size_t)c->codec_threads, sizeof *pool->th)) == NULL) {
+        free(pool);
+        return GIFT_ENOMEM;
+    }
+    pool->c = c;
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->cv, NULL);
+    pthread_cond_init(&pool->donecv, NULL);
+    c->pool = pool;
+    for (int i = 0; i < c->codec_threads; i++) {
+        if (pthread_create(&pool->th[i], NULL, pool_main, pool) != 0) {
+            gift__host_pool_stop(c);
+            return GIFT_ENOMEM;
+        }
+        pool->started++;
+    }
+    return 0;
+}
+
+void gift__host_pool_stop(gift_client_t *c)
+{
+    gift__pool_t *pool = c->pool;
+    if (pool == NULL)
+        return;
+    pthread_mutex_lock(&pool->mu);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->cv);
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = 0; i < pool->started; i++)
+        pthread_join(pool->th[i], NULL);
+    pthread_cond_destroy(&pool->cv);
+    pthread_cond_destroy(&pool->donecv);
+    pthread_mutex_destroy(&pool->mu);
+    free(pool->th);
+    free(pool);
+    c->pool = NULL;
+}
+
+/* Waits until w's job (if any) is finished with everything it reads and
+ * writes (I/O thread). */
+static void hjob_wait(gift_client_t *c, gift__wire_t *w)
+{
+    gift__hjob_t *j = w->hjob;
+    if (j == NULL || !j->active || __atomic_load_n(&j->done, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&c->pool->mu);
+    while (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE))
+        pthread_cond_wait(&c->pool->donecv, &c->pool->mu);
+    pthread_mutex_unlock(&c->pool->mu);
+}
+
+/* Queues ps's push of src on a codec thread (the engine's push_begin done). */
+static void hjob_queue(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                       gift__geo_t *G, uint32_t epoch)
+{
+    gift__pool_t *pool = c->pool;
+    gift__hjob_t *j = w->hjob;
+    memset(j, 0, sizeof *j);
+    j->w = w;
+    j->ps = ps;
+    j->src = src;
+    j->G = G;
+    j->old = w->ef_on && w->ef.epoch != epoch ? gift__geo_by_epoch(w, w->ef.epoch) : NULL;
+    j->epoch = epoch;
+    j->active = 1;
+    if (j->G != NULL)
+        j->G->pinned++;
+    if (j->old != NULL)
+        j->old->pinned++;
+    c->npool++;
+    pthread_mutex_lock(&pool->mu);
+    if (pool->tail != NULL)
+        pool->tail->next = j;
+    else
+        pool->head = j;
+    pool->tail = j;
+    pthread_cond_signal(&pool->cv);
+    pthread_mutex_unlock(&pool->mu);
+}
+
+/* Sends what w's job has published; once it is done, retires it (and fails
+ * the push when a chunk failed to encode). I/O thread. */
+static void hjob_collect(gift_client_t *c, gift__wire_t *w)
+{
+    gift__hjob_t *j = w->hjob;
+    gift__pstate_t *ps = j->ps;
+    int done = __atomic_load_n(&j->done, __ATOMIC_ACQUIRE);
+    uint32_t pub = __atomic_load_n(&j->pub, __ATOMIC_ACQUIRE);
+
+    while (ps->nenc < pub) {
+        uint32_t k = ps->nenc;
+        ps->nenc = k + 1; /* also when the push is gone: its chunks are encoded */
+        gift__eng_push_chunk_ready(c, w, ps, k);
+    }
+    if (!done)
+        return;
+    j->active = 0;
+    if (j->G != NULL)
+        j->G->pinned--;
+    if (j->old != NULL)
+        j->old->pinned--;
+    c->npool--;
+    gift__eng_push_encoded(c, w); /* w->encoding = NULL: the wire's next push may start */
+    if (j->err < 0)
+        gift__eng_push_fail(c, ps, j->err);
+}
+
+/* The turn's encoding: first what the codec threads have published, then
+ * about GIFT__ENCODE_TURN_BYTES on this thread, pushes of higher priority
+ * first (the order their frames would have been sorted in). */
 void gift__host_encode_more(gift_client_t *c)
 {
     size_t done = 0;
+    for (size_t i = 0; c->npool > 0 && i < c->nwires; i++)
+        if (c->wires[i].hjob != NULL && c->wires[i].hjob->active)
+            hjob_collect(c, &c->wires[i]);
     while (c->nencoding > 0 && done < GIFT__ENCODE_TURN_BYTES) {
         gift__wire_t *best = NULL;
         for (size_t i = 0; i < c->nwires; i++)
             if (c->wires[i].encoding != NULL && c->wires[i].path->turns &&
+                (c->wires[i].hjob == NULL || !c->wires[i].hjob->active) &&
                 (best == NULL || c->wires[i].push_prio > best->push_prio))
                 best = &c->wires[i];
         if (best == NULL) { /* cannot happen: nencoding counts these */
@@ -146,20 +383,17 @@ void gift__host_encode_more(gift_client_t *c)
 
 /* The host path's push (gift__path_t.push): transforms (geometry), rebases
  * or resets the residual (error feedback), then encodes the chunks, a few per
- * loop turn (encode_chunks), queueing each as soon as it is encoded. */
+ * loop turn (encode_chunks), queueing each as soon as it is encoded. With
+ * codec threads, a wire of its own that is not sent as it lies does all of
+ * that on one of them instead (hjob_queue). */
 static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
                      const gift__geo_t *G, uint32_t epoch)
 {
-    const float *p = src;
+    int transformed = G != NULL && !G->g.identity;
+    const float *p = transformed ? w->p : src;
+    int pooled = c->pool != NULL && w->nmembers == 1 && (!w->geometry || w->pwork != NULL);
     int rc;
 
-    if (G != NULL && !G->g.identity) {
-        if ((rc = gift__backend_cpu()->transform(NULL, &G->g, 0, src, (int)w->rows, w->p,
-                                                 w->work)) < 0)
-            return rc;
-        GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
-        p = w->p;
-    }
     gift__ps_codecs(w, ps, G);
     ps->zc = NULL;
     ps->zc_user = 0;
@@ -167,6 +401,20 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
         (src == ps->asmb || ps->zc_ok)) {
         ps->zc = src;
         ps->zc_user = src != ps->asmb;
+        pooled = 0; /* checked where it lies, nothing to encode */
+    }
+    if (pooled && w->hjob == NULL && (w->hjob = calloc(1, sizeof *w->hjob)) == NULL)
+        return GIFT_ENOMEM; /* once per wire, before anything is started */
+    if (pooled) {
+        gift__eng_push_begin(c, w, ps, epoch, p);
+        hjob_queue(c, w, ps, src, G != NULL ? gift__geo_by_epoch(w, epoch) : NULL, epoch);
+        return 0;
+    }
+    if (transformed) {
+        if ((rc = gift__backend_cpu()->transform(NULL, &G->g, 0, src, (int)w->rows, w->p,
+                                                 w->work)) < 0)
+            return rc;
+        GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
     }
     if (w->ef_on && w->ef.epoch != epoch) { /* the residual is added as each chunk encodes */
         gift__geo_t *old = gift__geo_by_epoch(w, w->ef.epoch);
@@ -249,10 +497,11 @@ static int host_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r,
                        w->skw);
 }
 
+/* Nothing on this thread reads the caller's memory once a call returns; a
+ * codec thread's push may: wait for it. */
 static void host_quiesce(gift_client_t *c, gift__wire_t *w)
 {
-    (void)c;
-    (void)w;
+    hjob_wait(c, w);
 }
 
 const gift__path_t gift__host_path = {

@@ -469,6 +469,7 @@ static void net_shutdown(gift_client_t *c)
     if (net->stopping)
         return;
     net->stopping = 1;
+    gift__host_pool_stop(c); /* its threads wake the loop through net->async */
     for (uint32_t s = 0; s < c->nshards; s++) {
         uconn_t *u = &net->conns[s];
         uv_timer_stop(&u->timer);
@@ -548,7 +549,7 @@ int gift__net_start(gift_client_t *c)
     }
     c->net = net;
     c->io = &net_io;
-    if (pthread_create(&c->thread, NULL, thread_main, net) != 0) {
+    if (gift__host_pool_start(c) < 0 || pthread_create(&c->thread, NULL, thread_main, net) != 0) {
         net_shutdown(c);
         uv_run(&net->loop, UV_RUN_DEFAULT);
         uv_loop_close(&net->loop);
@@ -568,6 +569,7 @@ void gift__net_join(gift_client_t *c)
         return;
     pthread_join(c->thread, NULL);
     c->thread_started = 0;
+    gift__host_pool_stop(c); /* stopped by net_shutdown already; a no-op then */
     if (uv_loop_close(&net->loop) != 0)
         fprintf(stderr, "giftclient: the event loop still held handles at close\n");
     for (uint32_t s = 0; s < c->nshards; s++) {

@@ -264,11 +264,13 @@ class Op:
 class Client:
     """A libgiftclient client: gift_client_open with the given options; what
     is left None comes from the environment (GIFT_SERVERS; GIFT_RANK or RANK;
-    GIFT_WORLD or WORLD_SIZE; GIFT_RUN_ID for run_id). Use as a context manager
-    or call close()."""
+    GIFT_WORLD or WORLD_SIZE; GIFT_RUN_ID for run_id; GIFT_CODEC_THREADS for
+    codec_threads: threads beside the I/O thread that transform and encode the
+    pushes, 0 to 64, default 0). Use as a context manager or call close()."""
 
     def __init__(self, servers=None, rank=None, world_size=None, chunk_bytes=0, timeout_ms=0,
-                 connect_timeout_ms=0, backoff_max_ms=0, seed=0, name=None, run_id=None):
+                 connect_timeout_ms=0, backoff_max_ms=0, seed=0, name=None, run_id=None,
+                 codec_threads=None):
         o = _lib._ClientOpts()
         o.size = ctypes.sizeof(o)
         self._servers = servers.encode() if servers else None
@@ -281,6 +283,7 @@ class Client:
         o.seed, o.name = int(seed), self._name
         self._run_id = run_id.encode() if run_id is not None else None
         o.run_id = self._run_id
+        o.codec_threads = -1 if codec_threads is None else int(codec_threads)
         h = ctypes.c_void_p()
         rc = _lib.lib.gift_client_open(ctypes.byref(o), ctypes.byref(h))
         if rc < 0:

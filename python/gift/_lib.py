@@ -57,6 +57,7 @@ class _ClientOpts(ctypes.Structure):
         ("name", ctypes.c_char_p),
         ("auth_key_file", ctypes.c_char_p),  # None: $GIFT_AUTH_KEY_FILE
         ("run_id", ctypes.c_char_p),  # None: $GIFT_RUN_ID
+        ("codec_threads", ctypes.c_int),  # -1: $GIFT_CODEC_THREADS, else 0
     ]
 
 

@@ -1002,6 +1002,13 @@ END_TEST
 /* Timeout and errors                                                    */
 /* ------------------------------------------------------------------ */
 
+/* The loop tests' _i: 0 runs with no codec thread (the I/O thread encodes),
+ * 1 with two (gift_client_opts_t.codec_threads): the same values either way. */
+static int codec_threads_of(int i)
+{
+    return i ? 2 : 0;
+}
+
 START_TEST(test_timeout)
 {
     gift_client_opts_t o = GIFT_CLIENT_OPTS_INIT;
@@ -1015,6 +1022,7 @@ START_TEST(test_timeout)
 
     daemons_start(1, 2);
     servers_string(servers, sizeof servers);
+    o.codec_threads = codec_threads_of(_i);
     o.servers = servers;
     o.rank = 0;
     o.world_size = 2; /* rank 1 never comes */
@@ -1077,6 +1085,22 @@ START_TEST(test_errors)
     o.servers = "127.0.0.1";
     o.rank = 0;
     ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL); /* no port */
+    /* Codec threads: at most 64, from opts or the environment. */
+    o.servers = "127.0.0.1:1";
+    o.codec_threads = 65;
+    ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL);
+    o.codec_threads = -1;
+    setenv("GIFT_CODEC_THREADS", "two", 1);
+    ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL);
+    setenv("GIFT_CODEC_THREADS", "65", 1);
+    ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL);
+    o.codec_threads = 64; /* the bound itself: allowed (nothing listens on port 1) */
+    o.connect_timeout_ms = 300;
+    rc = gift_client_open(&o, &c);
+    ck_assert_msg(rc == GIFT_ETIMEDOUT, "open with 64 codec threads: %s", gift_strerror(rc));
+    o.codec_threads = -1;
+    o.connect_timeout_ms = 0;
+    unsetenv("GIFT_CODEC_THREADS");
 
     /* A server that is not there: refused until connect_timeout_ms. */
     daemons_start(1, 1);
@@ -1211,6 +1235,7 @@ START_TEST(test_ef_exact)
     }
     daemons_start(1, 1);
     servers_string(servers, sizeof servers);
+    o.codec_threads = codec_threads_of(_i);
     o.servers = servers;
     o.rank = 0;
     o.world_size = 1;
@@ -1263,6 +1288,16 @@ START_TEST(test_ef_exact)
             }
         }
     }
+    {
+        /* With codec threads the pushes were encoded there (and only there). */
+        gift_client_counters_t k;
+        memset(&k, 0, sizeof k);
+        k.size = sizeof k;
+        ck_assert_int_eq(gift_client_counters(c, &k), 0);
+        ck_assert_msg(_i ? k.codec_cpu_ns > 0 : k.codec_cpu_ns == 0,
+                      "codec threads %d: codec_cpu_ns %llu", codec_threads_of(_i),
+                      (unsigned long long)k.codec_cpu_ns);
+    }
     gift_client_close(c);
     daemons_stop();
     for (int i = 0; i < NT; i++) {
@@ -1299,6 +1334,7 @@ START_TEST(test_nonfinite)
     ck_assert(g != NULL && bad != NULL && out != NULL);
     daemons_start(1, 1);
     servers_string(servers, sizeof servers);
+    o.codec_threads = codec_threads_of(_i);
     o.servers = servers;
     o.rank = 0;
     o.world_size = 1;
@@ -1385,8 +1421,17 @@ START_TEST(test_zero_copy)
     o.world_size = 1;
     o.chunk_bytes = 1u << 20;
     ck_assert_int_eq(gift_client_open(&o, &c), 0);
-    k0.size = sizeof k0 - 1;
+    /* Below the first release's size (up to pass_bytes): refused; that size
+     * itself: filled up to it, codec_cpu_ns (added later) left alone. */
+    k0.size = offsetof(gift_client_counters_t, codec_cpu_ns) - 1;
     ck_assert_int_eq(gift_client_counters(c, &k0), GIFT_EINVAL);
+    k0.size = offsetof(gift_client_counters_t, codec_cpu_ns);
+    k0.codec_cpu_ns = 12345;
+    ck_assert_int_eq(gift_client_counters(c, &k0), 0);
+    ck_assert_msg(k0.codec_cpu_ns == 12345 &&
+                      k0.size == offsetof(gift_client_counters_t, codec_cpu_ns),
+                  "an older caller's counters: size %zu, codec_cpu_ns %llu (want it untouched)",
+                  k0.size, (unsigned long long)k0.codec_cpu_ns);
     t.name = "w";
     t.rows = ROWS;
     t.cols = COLS;
@@ -1493,10 +1538,10 @@ static Suite *client_suite(void)
     TCase *tc = tcase_create("cluster");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_errors);
-    tcase_add_test(tc, test_timeout);
-    tcase_add_test(tc, test_nonfinite);
+    tcase_add_loop_test(tc, test_timeout, 0, 2);
+    tcase_add_loop_test(tc, test_nonfinite, 0, 2);
     tcase_add_test(tc, test_zero_copy);
-    tcase_add_test(tc, test_ef_exact);
+    tcase_add_loop_test(tc, test_ef_exact, 0, 2);
     tcase_add_test(tc, test_frames);
     tcase_add_test(tc, test_acceptance);
     tcase_add_test(tc, test_restart);

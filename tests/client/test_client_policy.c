@@ -251,6 +251,10 @@ static int reference(gift_format_t f, int t, int s, float *g, float *acc, float 
     return 0;
 }
 
+/* The workers' gift_client_opts_t.codec_threads (test_budget_mix runs with 0
+ * and with 2: the same bytes either way). */
+static int g_codec_threads;
+
 static void worker(int rank, const char *servers, result_t *res)
 {
     const size_t n = (size_t)ROWS * COLS;
@@ -286,6 +290,7 @@ static void worker(int rank, const char *servers, result_t *res)
     o.servers = servers;
     o.rank = rank;
     o.world_size = WORLD;
+    o.codec_threads = g_codec_threads;
     if (nshards > 1) /* 8 chunks per tensor, spread over the shards */
         o.chunk_bytes = (uint64_t)(ROWS / 8) * COLS * sizeof(float);
     if (g_sig_w[rank] >= 0) { /* a shard restart to ride through */
@@ -521,6 +526,7 @@ START_TEST(test_budget_mix)
     result_t res[WORLD];
     int changes;
 
+    g_codec_threads = _i ? 2 : 0;
     run_cluster(1, res);
     changes = check_steps(res);
     for (int s = 0; s < STEPS; s++)
@@ -646,7 +652,7 @@ static Suite *policy_suite(void)
     Suite *s = suite_create("client_policy");
     TCase *tc = tcase_create("cluster");
     tcase_set_timeout(tc, 180);
-    tcase_add_test(tc, test_budget_mix);
+    tcase_add_loop_test(tc, test_budget_mix, 0, 2);
     tcase_add_test(tc, test_two_shards);
     tcase_add_test(tc, test_lowered_rank);
     tcase_add_test(tc, test_budget_kill);

@@ -86,10 +86,17 @@ typedef struct gift_client_opts {
      * caller's and is copied by gift_client_open. Added after auth_key_file: a caller built
      * against an older header (smaller size) gets $GIFT_RUN_ID. */
     const char *run_id;
+    /* Threads beside the I/O thread that transform and encode the pushes of host tensors
+     * (added after run_id): -1: $GIFT_CODEC_THREADS, else 0; 0..64. With 0 the I/O thread
+     * does all of it; with N each push of a tensor of its own (not fused, not f32 sent as
+     * it lies) is transformed and encoded on one of N threads while the I/O thread keeps
+     * the sockets and decodes the pulls, so a CPU worker's communication can use more than
+     * one core. A caller built against an older header (smaller size) gets the variable. */
+    int codec_threads;
 } gift_client_opts_t;
 
 #define GIFT_CLIENT_OPTS_INIT \
-    {sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL}
+    {sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL, -1}
 
 /* Opens a client: reads what opts leaves unset from the environment, starts
  * the I/O thread and connects to every shard (Hello). Returns 0 and *out, or
@@ -303,6 +310,9 @@ typedef struct gift_client_counters {
     uint64_t payload_out;        /* push and sketch payload bytes written (headers not) */
     uint64_t payload_in;         /* pull reply and geometry payload bytes read */
     uint64_t pass_bytes[GIFT_PASS_KINDS];
+    /* CPU time of the codec threads (opts.codec_threads), summed, as each finishes a push
+     * (added after pass_bytes: a smaller size does not get it). */
+    uint64_t codec_cpu_ns;
 } gift_client_counters_t;
 /* Fills *out (up to out->size bytes). Returns 0, or GIFT_EINVAL (NULL, or a
  * size below that of the first release of this struct). */
