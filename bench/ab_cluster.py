@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A/B pairs of `gift-bench cluster`: two build trees, run alternately.
 
-    bench/ab_cluster.py --a OLD_BUILD --b NEW_BUILD [--pairs 5] [-- gift-bench cluster args]
+    bench/ab_cluster.py --a OLD_BUILD --b NEW_BUILD [--pairs 5] [--a-args "..."]
+                        [--b-args "..."] [-- gift-bench cluster args]
 
 Each pair runs A then B (B then A on odd pairs, so neither always goes
 first), each with its own giftd (--giftd BUILD/server/giftd) and its own
@@ -11,16 +12,21 @@ streaming measured in the same run, worker CPU ms/step, shard CPU ms/step, and
 the median of the per-pair ratios B/A, with the spread of those ratios. A
 machine that drifts between runs moves both sides of a pair alike; the ratio
 of a pair is what says whether B changed anything. Writes --json FILE too.
+--a-args / --b-args add arguments to one side only (split like a shell), so
+one tree can be compared with itself under two settings, e.g.
+--a build --b build --b-args "--codec-threads 1".
 """
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 
 FIELDS = [
+    ("goodput_gbps", "goodput GB/s", lambda r, run: r.get("goodput_gbps")),
     ("step_p50_ms", "step p50 ms", lambda r, run: r.get("step_p50_ms")),
     ("wire_over_raw", "wire / raw TCP", lambda r, run: _ratio(r.get("wire_gbps"), run)),
     ("worker_cpu_ms", "worker CPU ms/step", lambda r, run: r.get("worker_cpu_ms_per_step")),
@@ -56,6 +62,8 @@ def main():
     ap.add_argument("--a", required=True, help="build tree A (the baseline)")
     ap.add_argument("--b", required=True, help="build tree B (the change)")
     ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--a-args", default="", help="arguments for A's runs only")
+    ap.add_argument("--b-args", default="", help="arguments for B's runs only")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("extra", nargs="*", help="arguments for gift-bench cluster (after --)")
     a = ap.parse_args()
@@ -67,9 +75,11 @@ def main():
             order = ("a", "b") if i % 2 == 0 else ("b", "a")
             for side in order:
                 out = os.path.join(tmp, f"{side}{i}.json")
-                runs[side].append(run_once(getattr(a, side), a.extra, out))
+                own = shlex.split(getattr(a, side + "_args"))
+                runs[side].append(run_once(getattr(a, side), a.extra + own, out))
                 print(f"ab_cluster: pair {i + 1}/{a.pairs} {side} done", file=sys.stderr)
-    result = {"a": a.a, "b": a.b, "pairs": a.pairs, "args": a.extra, "rows": {}}
+    result = {"a": a.a, "b": a.b, "pairs": a.pairs, "args": a.extra, "a_args": a.a_args,
+              "b_args": a.b_args, "rows": {}}
     names = sorted(rows_of(runs["a"][0]))
     print(f"| row | figure | A median | B median | B/A median of pairs | B/A min..max |")
     print("|---|---|---:|---:|---:|---:|")

@@ -631,7 +631,7 @@ static int wire_alloc(gift_client_t *c, gift__wire_t *w)
     if (w->geometry) {
         if ((!dev && (w->work = aligned((size_t)w->rows * w->k * sizeof(float))) == NULL) ||
             (!dev && !fused && c->codec_threads > 0 &&
-             (w->pwork = aligned((size_t)w->rows * w->k * sizeof(float))) == NULL) ||
+             (w->pwork = aligned(3 * (size_t)w->rows * w->k * sizeof(float))) == NULL) ||
             (w->Y = aligned((size_t)w->cols * w->ks * sizeof(float))) == NULL)
             return GIFT_ENOMEM;
         for (int s = 0; s < GIFT__GEO_SLOTS; s++)

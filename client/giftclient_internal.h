@@ -16,7 +16,8 @@
  *
  *   frames.c  the frames the engine sends, through that table.
  *   host.c    the host path of gift__path_t: encode, decode, transform on
- *             the CPU backend; device.c is the device path.
+ *             the CPU backend, and its codec threads; device.c is the
+ *             device path.
  *
  * Calls run one way: client.c -> net.c, engine.c, mailbox.c; net.c ->
  * engine.c, host.c; engine.c -> mailbox.c, frames.c; host.c and device.c
@@ -32,7 +33,11 @@
  *
  * Threads: the caller's thread builds the declared list and then only reads
  * it; every mutable field below is owned by the I/O thread, except those
- * marked "mu" (guarded by gift_client.mu) and the counters (atomic).
+ * marked "mu" (guarded by gift_client.mu) and the counters (atomic). A codec
+ * thread (host.c, codec_threads > 0) runs one wire's push at a time: while
+ * that job is active the I/O thread leaves what it writes (w->p, w->pwork,
+ * w->ef, the payloads of chunks not yet published) and the geometry slots it
+ * pins alone; host.c's gift__hjob_t says how they hand over.
  *
  * Wire tensors: what travels. A user tensor ("member") maps to a slice
  * [off, off + n) of exactly one wire tensor. Small Euclidean tensors are
@@ -253,8 +258,8 @@ typedef struct gift__wire {
     int memory, device;
     gift__dwire_t *dw; /* NULL for host wires; set on the I/O thread at declare */
     const gift__path_t *path; /* host or device path; set on the I/O thread at declare */
-    struct gift__hjob *hjob;  /* host.c: its push on a codec thread (codec_threads > 0) */
-    float *pwork;             /* that push's transform scratch, rows * k (w->work is the pull's) */
+    struct gift__hjob *hjob;  /* host.c: its push and pulls' T^-1 on codec threads */
+    float *pwork;             /* their scratch, 3 x rows * k (w->work is the I/O thread's) */
 } gift__wire_t;
 
 /* The memory path of a wire: how its pushes are transformed and encoded and

@@ -6,8 +6,10 @@
  * path in device.c. A push is encoded a few chunks per loop turn
  * (gift__host_encode_more, at the end of each turn) and each chunk is handed
  * to the engine as soon as it is encoded, as a device reports its chunks.
- * The engine reaches this file only through the table; this file reaches
- * the engine only through its gift__eng_* entries.
+ * With codec threads (gift_client_opts_t.codec_threads) a push runs on one
+ * of them instead and its chunks are handed over as it publishes them
+ * (gift__hjob_t). The engine reaches this file only through the table; this
+ * file reaches the engine only through its gift__eng_* entries.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -145,19 +147,31 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
 /* The codec threads (gift_client_opts_t.codec_threads)                  */
 /* ------------------------------------------------------------------ */
 
-/* A push on a codec thread: the transform (G T into w->p, on w->pwork),
- * the residual's rebase or reset, and every chunk's encode, in chunk order.
- * The I/O thread queues it and then touches none of what it writes (w->p,
- * w->pwork, w->ef, the chunks' payloads not yet published) nor the
- * geometry slots it reads (pinned: on_geometry quiesces before reloading
- * one) until it is done; it sends each chunk once `pub` says it is encoded
- * (gift__host_encode_more). One job per wire: the engine starts a wire's
- * next push only when this one is no longer encoding. */
+/* Work on a codec thread. A push (HJOB_PUSH): the transform (G T into w->p,
+ * on its scratch), the residual's rebase or reset, and every chunk's encode,
+ * in chunk order. The I/O thread queues it and then touches none of what it
+ * writes (w->p, the scratch, w->ef, the chunks' payloads not yet published)
+ * nor the geometry slots it reads (pinned: on_geometry quiesces before
+ * reloading one) until it is done; it sends each chunk once `pub` says it is
+ * encoded (gift__host_encode_more). One push job per wire: the engine starts
+ * a wire's next push only when this one is no longer encoding. A pull's
+ * T^-1 (HJOB_FINISH, one per pull slot): every chunk is decoded into
+ * pl->target, which nothing else writes until the pull completes; once the
+ * job is done the I/O thread completes the pull (host_finish then takes the
+ * job's result). Each job has its own rows x k scratch: w->pwork holds three
+ * (the push's, then each pull slot's). */
 typedef struct gift__pool gift__pool_t;
+
+enum { HJOB_PUSH = 0, HJOB_FINISH = 1, HJOB_PER_WIRE = 3 };
 
 typedef struct gift__hjob {
     struct gift__hjob *next; /* pool queue (pool mu) */
+    int kind;
     gift__wire_t *w;
+    float *scratch;      /* rows x k, this job's own */
+    gift__lstate_t *pl;  /* finish: the pull, and its step when queued */
+    uint64_t step;
+    int finished;        /* finish: done and not yet taken by host_finish (I/O thread) */
     gift__pstate_t *ps;
     const float *src;
     gift__geo_t *G, *old; /* pinned while the job is active */
@@ -185,14 +199,20 @@ static void hjob_run(gift_client_t *c, gift__hjob_t *j)
     gift__pstate_t *ps = j->ps;
     int rc = 0;
 
+    if (j->kind == HJOB_FINISH) {
+        GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
+        j->err = gift__backend_cpu()->transform(NULL, &j->G->g, 1, j->pl->target, (int)w->rows,
+                                                j->pl->target, j->scratch);
+        return;
+    }
     if (j->G != NULL && !j->G->g.identity) {
         rc = gift__backend_cpu()->transform(NULL, &j->G->g, 0, j->src, (int)w->rows, w->p,
-                                            w->pwork);
+                                            j->scratch);
         GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
     }
     if (rc == 0 && w->ef_on && w->ef.epoch != j->epoch) {
         if (j->old == NULL || j->G == NULL ||
-            gift_ef_rebase(&w->ef, &j->old->g, &j->G->g, w->pwork) < 0)
+            gift_ef_rebase(&w->ef, &j->old->g, &j->G->g, j->scratch) < 0)
             gift_ef_reset(&w->ef, j->epoch);
     }
     for (uint32_t k = 0; rc == 0 && k < w->nchunks; k++) {
@@ -292,28 +312,22 @@ void gift__host_pool_stop(gift_client_t *c)
  * writes (I/O thread). */
 static void hjob_wait(gift_client_t *c, gift__wire_t *w)
 {
-    gift__hjob_t *j = w->hjob;
-    if (j == NULL || !j->active || __atomic_load_n(&j->done, __ATOMIC_ACQUIRE))
-        return;
-    pthread_mutex_lock(&c->pool->mu);
-    while (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE))
-        pthread_cond_wait(&c->pool->donecv, &c->pool->mu);
-    pthread_mutex_unlock(&c->pool->mu);
+    for (int k = 0; w->hjob != NULL && k < HJOB_PER_WIRE; k++) {
+        gift__hjob_t *j = &w->hjob[k];
+        if (!j->active || __atomic_load_n(&j->done, __ATOMIC_ACQUIRE))
+            continue;
+        pthread_mutex_lock(&c->pool->mu);
+        while (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE))
+            pthread_cond_wait(&c->pool->donecv, &c->pool->mu);
+        pthread_mutex_unlock(&c->pool->mu);
+    }
 }
 
-/* Queues ps's push of src on a codec thread (the engine's push_begin done). */
-static void hjob_queue(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
-                       gift__geo_t *G, uint32_t epoch)
+/* Appends j to the pool's queue (its fields set) and counts it active. */
+static void hjob_enqueue(gift_client_t *c, gift__hjob_t *j)
 {
     gift__pool_t *pool = c->pool;
-    gift__hjob_t *j = w->hjob;
-    memset(j, 0, sizeof *j);
-    j->w = w;
-    j->ps = ps;
-    j->src = src;
-    j->G = G;
-    j->old = w->ef_on && w->ef.epoch != epoch ? gift__geo_by_epoch(w, w->ef.epoch) : NULL;
-    j->epoch = epoch;
+    j->next = NULL;
     j->active = 1;
     if (j->G != NULL)
         j->G->pinned++;
@@ -330,11 +344,39 @@ static void hjob_queue(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, co
     pthread_mutex_unlock(&pool->mu);
 }
 
+/* j is done: unpins its geometry and counts it inactive (I/O thread). */
+static void hjob_retire(gift_client_t *c, gift__hjob_t *j)
+{
+    j->active = 0;
+    if (j->G != NULL)
+        j->G->pinned--;
+    if (j->old != NULL)
+        j->old->pinned--;
+    c->npool--;
+}
+
+/* Queues ps's push of src on a codec thread (the engine's push_begin done). */
+static void hjob_queue(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                       gift__geo_t *G, uint32_t epoch)
+{
+    gift__hjob_t *j = &w->hjob[HJOB_PUSH];
+    memset(j, 0, sizeof *j);
+    j->kind = HJOB_PUSH;
+    j->w = w;
+    j->scratch = w->pwork;
+    j->ps = ps;
+    j->src = src;
+    j->G = G;
+    j->old = w->ef_on && w->ef.epoch != epoch ? gift__geo_by_epoch(w, w->ef.epoch) : NULL;
+    j->epoch = epoch;
+    hjob_enqueue(c, j);
+}
+
 /* Sends what w's job has published; once it is done, retires it (and fails
  * the push when a chunk failed to encode). I/O thread. */
 static void hjob_collect(gift_client_t *c, gift__wire_t *w)
 {
-    gift__hjob_t *j = w->hjob;
+    gift__hjob_t *j = &w->hjob[HJOB_PUSH];
     gift__pstate_t *ps = j->ps;
     int done = __atomic_load_n(&j->done, __ATOMIC_ACQUIRE);
     uint32_t pub = __atomic_load_n(&j->pub, __ATOMIC_ACQUIRE);
@@ -346,15 +388,23 @@ static void hjob_collect(gift_client_t *c, gift__wire_t *w)
     }
     if (!done)
         return;
-    j->active = 0;
-    if (j->G != NULL)
-        j->G->pinned--;
-    if (j->old != NULL)
-        j->old->pinned--;
-    c->npool--;
+    hjob_retire(c, j);
     gift__eng_push_encoded(c, w); /* w->encoding = NULL: the wire's next push may start */
     if (j->err < 0)
         gift__eng_push_fail(c, ps, j->err);
+}
+
+/* A pull's T^-1 is done: the pull completes (host_finish takes the result),
+ * unless it failed or moved on meanwhile (I/O thread). */
+static void finish_collect(gift_client_t *c, gift__wire_t *w, gift__hjob_t *j)
+{
+    gift__lstate_t *pl = j->pl;
+    hjob_retire(c, j);
+    if (pl->state != GIFT__PL_PENDING || pl->step != j->step || pl->ngot != w->nchunks)
+        return;
+    j->finished = 1;
+    gift__eng_pull_done(c, w, pl);
+    j->finished = 0;
 }
 
 /* The turn's encoding: first what the codec threads have published, then
@@ -363,14 +413,21 @@ static void hjob_collect(gift_client_t *c, gift__wire_t *w)
 void gift__host_encode_more(gift_client_t *c)
 {
     size_t done = 0;
-    for (size_t i = 0; c->npool > 0 && i < c->nwires; i++)
-        if (c->wires[i].hjob != NULL && c->wires[i].hjob->active)
-            hjob_collect(c, &c->wires[i]);
+    for (size_t i = 0; c->npool > 0 && i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        if (w->hjob == NULL)
+            continue;
+        if (w->hjob[HJOB_PUSH].active)
+            hjob_collect(c, w);
+        for (int k = HJOB_FINISH; k < HJOB_PER_WIRE; k++)
+            if (w->hjob[k].active && __atomic_load_n(&w->hjob[k].done, __ATOMIC_ACQUIRE))
+                finish_collect(c, w, &w->hjob[k]);
+    }
     while (c->nencoding > 0 && done < GIFT__ENCODE_TURN_BYTES) {
         gift__wire_t *best = NULL;
         for (size_t i = 0; i < c->nwires; i++)
             if (c->wires[i].encoding != NULL && c->wires[i].path->turns &&
-                (c->wires[i].hjob == NULL || !c->wires[i].hjob->active) &&
+                (c->wires[i].hjob == NULL || !c->wires[i].hjob[HJOB_PUSH].active) &&
                 (best == NULL || c->wires[i].push_prio > best->push_prio))
                 best = &c->wires[i];
         if (best == NULL) { /* cannot happen: nencoding counts these */
@@ -403,7 +460,8 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
         ps->zc_user = src != ps->asmb;
         pooled = 0; /* checked where it lies, nothing to encode */
     }
-    if (pooled && w->hjob == NULL && (w->hjob = calloc(1, sizeof *w->hjob)) == NULL)
+    if (pooled && w->hjob == NULL &&
+        (w->hjob = calloc(HJOB_PER_WIRE, sizeof *w->hjob)) == NULL)
         return GIFT_ENOMEM; /* once per wire, before anything is started */
     if (pooled) {
         gift__eng_push_begin(c, w, ps, epoch, p);
@@ -446,23 +504,50 @@ static int host_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
                                        pl->target + ch->off);
 }
 
+/* Every chunk of pl is in: with codec threads (and a wire of its own that
+ * has had a push there), its T^-1 goes to one of them and the pull
+ * completes when that is done (finish_collect); else it completes now. */
 static void host_chunk_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
                             const gift__chunk_t *ch, const void *payload, size_t len)
 {
+    gift__geo_t *G;
     (void)ch;
     (void)payload;
     (void)len;
-    if (pl->ngot == w->nchunks)
-        gift__eng_pull_done(c, w, pl);
+    if (pl->ngot != w->nchunks)
+        return;
+    if (c->pool != NULL && w->hjob != NULL && w->geometry && pl->err == 0 &&
+        (G = gift__geo_by_epoch(w, pl->epoch)) != NULL && !G->g.identity) {
+        int slot = (int)(pl - w->pl);
+        gift__hjob_t *j = &w->hjob[HJOB_FINISH + slot];
+        if (!j->active) {
+            memset(j, 0, sizeof *j);
+            j->kind = HJOB_FINISH;
+            j->w = w;
+            j->scratch = w->pwork + (size_t)(1 + slot) * w->rows * w->k;
+            j->pl = pl;
+            j->step = pl->step;
+            j->G = G;
+            hjob_enqueue(c, j);
+            return;
+        }
+    }
+    gift__eng_pull_done(c, w, pl);
 }
 
-/* T^-1 of the pulled mean, in place, under the epoch it came in. */
+/* T^-1 of the pulled mean, in place, under the epoch it came in (or what a
+ * codec thread's T^-1 of it returned). */
 static int host_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
 {
     gift__geo_t *G;
     (void)c;
     if (!w->geometry)
         return 0;
+    if (w->hjob != NULL) {
+        gift__hjob_t *j = &w->hjob[HJOB_FINISH + (int)(pl - w->pl)];
+        if (j->finished && j->pl == pl && j->step == pl->step)
+            return j->err;
+    }
     if ((G = gift__geo_by_epoch(w, pl->epoch)) == NULL)
         return GIFT_EEPOCH;
     if (G->g.identity)

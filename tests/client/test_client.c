@@ -478,6 +478,10 @@ static void acc_list(gift_tensor_desc_t *t)
     t[A_B7].fp8_block = 32;
 }
 
+/* test_acceptance's workers of rank above 0 run with this many codec
+ * threads (gift_client_opts_t.codec_threads; its loop runs 0 and 2). */
+static int g_acc_codec_threads;
+
 static void acc_worker(int rank, int world, const char *servers, result_t *res, int sig_w, int go_r)
 {
     gift_client_opts_t o = GIFT_CLIENT_OPTS_INIT;
@@ -515,6 +519,7 @@ static void acc_worker(int rank, int world, const char *servers, result_t *res, 
     if (!mean || !absm || !tmp || !sum_got || !sum_want || !X)
         WFAIL(res, GIFT_ENOMEM, "malloc");
 
+    o.codec_threads = rank > 0 ? g_acc_codec_threads : 0;
     o.servers = servers;
     o.rank = rank;
     o.world_size = world;
@@ -634,6 +639,7 @@ START_TEST(test_acceptance)
     result_t res[3];
     char servers[128];
 
+    g_acc_codec_threads = _i ? 2 : 0;
     daemons_start(2, 3);
     servers_string(servers, sizeof servers);
     workers_start(w, 3, acc_worker, servers);
@@ -1543,7 +1549,7 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_zero_copy);
     tcase_add_loop_test(tc, test_ef_exact, 0, 2);
     tcase_add_test(tc, test_frames);
-    tcase_add_test(tc, test_acceptance);
+    tcase_add_loop_test(tc, test_acceptance, 0, 2);
     tcase_add_test(tc, test_restart);
     suite_add_tcase(s, tc);
     return s;

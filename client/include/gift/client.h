@@ -7,7 +7,8 @@
  * tensor into chunks of whole rows, places the chunks on the shards (the
  * same placement on every worker, computed from the declared list), applies
  * the GIFT transform before encoding and its inverse after decoding, keeps
- * error-feedback residuals, and talks to the shards from one I/O thread.
+ * error-feedback residuals, and talks to the shards from one I/O thread
+ * (with opts.codec_threads, pushes are transformed and encoded beside it).
  *
  * Threads: every function may be called from any thread, but calls on one
  * client are serialised by the caller (one training thread per client is
