@@ -392,9 +392,10 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
         o.connect_timeout_ms ? o.connect_timeout_ms : GIFT__CONNECT_TIMEOUT_DEFAULT;
     c->backoff_max_ms = o.backoff_max_ms ? o.backoff_max_ms : GIFT__BACKOFF_MAX_DEFAULT;
     c->seed = o.seed ? o.seed : 1;
-    if (o.codec_threads >= 0) {
-        if (o.codec_threads > GIFT__CODEC_THREADS_MAX) {
-            fprintf(stderr, "giftclient: opts.codec_threads %d; at most %d are allowed\n",
+    if (o.codec_threads != -1) {
+        if (o.codec_threads < 0 || o.codec_threads > GIFT__CODEC_THREADS_MAX) {
+            fprintf(stderr, "giftclient: opts.codec_threads %d: want 0..%d, or -1 for "
+                            "$GIFT_CODEC_THREADS\n",
                     o.codec_threads, GIFT__CODEC_THREADS_MAX);
             goto fail;
         }

@@ -504,9 +504,12 @@ static int host_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
                                        pl->target + ch->off);
 }
 
-/* Every chunk of pl is in: with codec threads (and a wire of its own that
- * has had a push there), its T^-1 goes to one of them and the pull
- * completes when that is done (finish_collect); else it completes now. */
+/* Every chunk of pl is in: with two codec threads or more (and a wire of its
+ * own that has had a push there), its T^-1 goes to one of them and the pull
+ * completes when that is done (finish_collect); else it completes now. With
+ * one codec thread the T^-1 stays here: the two threads then split each
+ * tensor's two GEMMs, which measured better than both on the codec thread
+ * (bench/RESULTS.md, codec threads). */
 static void host_chunk_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
                             const gift__chunk_t *ch, const void *payload, size_t len)
 {
@@ -516,7 +519,8 @@ static void host_chunk_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *p
     (void)len;
     if (pl->ngot != w->nchunks)
         return;
-    if (c->pool != NULL && w->hjob != NULL && w->geometry && pl->err == 0 &&
+    if (c->pool != NULL && c->codec_threads >= 2 && w->hjob != NULL && w->geometry &&
+        pl->err == 0 &&
         (G = gift__geo_by_epoch(w, pl->epoch)) != NULL && !G->g.identity) {
         int slot = (int)(pl - w->pl);
         gift__hjob_t *j = &w->hjob[HJOB_FINISH + slot];

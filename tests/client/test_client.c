@@ -478,8 +478,9 @@ static void acc_list(gift_tensor_desc_t *t)
     t[A_B7].fp8_block = 32;
 }
 
-/* test_acceptance's workers of rank above 0 run with this many codec
- * threads (gift_client_opts_t.codec_threads; its loop runs 0 and 2). */
+/* test_acceptance with codec threads: rank 0 none, rank 1 one, rank 2 two
+ * (gift_client_opts_t.codec_threads), so the ranks' pulled bytes (T^-1 on
+ * the I/O thread or on a codec thread) are compared with each other. */
 static int g_acc_codec_threads;
 
 static void acc_worker(int rank, int world, const char *servers, result_t *res, int sig_w, int go_r)
@@ -519,7 +520,7 @@ static void acc_worker(int rank, int world, const char *servers, result_t *res, 
     if (!mean || !absm || !tmp || !sum_got || !sum_want || !X)
         WFAIL(res, GIFT_ENOMEM, "malloc");
 
-    o.codec_threads = rank > 0 ? g_acc_codec_threads : 0;
+    o.codec_threads = g_acc_codec_threads ? rank : 0;
     o.servers = servers;
     o.rank = rank;
     o.world_size = world;
@@ -639,7 +640,7 @@ START_TEST(test_acceptance)
     result_t res[3];
     char servers[128];
 
-    g_acc_codec_threads = _i ? 2 : 0;
+    g_acc_codec_threads = _i;
     daemons_start(2, 3);
     servers_string(servers, sizeof servers);
     workers_start(w, 3, acc_worker, servers);
@@ -877,6 +878,7 @@ static void rs_worker(int rank, int world, const char *servers, result_t *res, i
     tmp = malloc(maxn * sizeof(float));
     if (!mean || !absm || !tmp)
         WFAIL(res, GIFT_ENOMEM, "malloc");
+    o.codec_threads = g_acc_codec_threads ? rank : 0; /* as test_acceptance */
     o.servers = servers;
     o.rank = rank;
     o.world_size = world;
@@ -964,6 +966,7 @@ START_TEST(test_restart)
     snprintf(D[1].data_dir, sizeof D[1].data_dir, "%s/giftd-restart-XXXXXX",
              tmp != NULL && *tmp ? tmp : "/tmp");
     ck_assert_msg(mkdtemp(D[1].data_dir) != NULL, "mkdtemp: %s", strerror(errno));
+    g_acc_codec_threads = _i;
     daemons_start(2, 3);
     servers_string(servers, sizeof servers);
     workers_start(w, 3, rs_worker, servers);
@@ -1008,11 +1011,12 @@ END_TEST
 /* Timeout and errors                                                    */
 /* ------------------------------------------------------------------ */
 
-/* The loop tests' _i: 0 runs with no codec thread (the I/O thread encodes),
- * 1 with two (gift_client_opts_t.codec_threads): the same values either way. */
+/* The loop tests' _i is gift_client_opts_t.codec_threads: 0 (the I/O thread
+ * does everything), 1 (pushes beside it), 2 (the pulls' T^-1 there too).
+ * The same values every way. */
 static int codec_threads_of(int i)
 {
-    return i ? 2 : 0;
+    return i;
 }
 
 START_TEST(test_timeout)
@@ -1094,6 +1098,8 @@ START_TEST(test_errors)
     /* Codec threads: at most 64, from opts or the environment. */
     o.servers = "127.0.0.1:1";
     o.codec_threads = 65;
+    ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL);
+    o.codec_threads = -2;
     ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL);
     o.codec_threads = -1;
     setenv("GIFT_CODEC_THREADS", "two", 1);
@@ -1295,7 +1301,7 @@ START_TEST(test_ef_exact)
         }
     }
     {
-        /* With codec threads the pushes were encoded there (and only there). */
+        /* With codec threads the pushes were encoded there. */
         gift_client_counters_t k;
         memset(&k, 0, sizeof k);
         k.size = sizeof k;
@@ -1544,13 +1550,13 @@ static Suite *client_suite(void)
     TCase *tc = tcase_create("cluster");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_errors);
-    tcase_add_loop_test(tc, test_timeout, 0, 2);
-    tcase_add_loop_test(tc, test_nonfinite, 0, 2);
+    tcase_add_loop_test(tc, test_timeout, 0, 3);
+    tcase_add_loop_test(tc, test_nonfinite, 0, 3);
     tcase_add_test(tc, test_zero_copy);
-    tcase_add_loop_test(tc, test_ef_exact, 0, 2);
+    tcase_add_loop_test(tc, test_ef_exact, 0, 3);
     tcase_add_test(tc, test_frames);
     tcase_add_loop_test(tc, test_acceptance, 0, 2);
-    tcase_add_test(tc, test_restart);
+    tcase_add_loop_test(tc, test_restart, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -286,3 +286,69 @@ def test_reducer_cuda_gradients_straight_through(cluster):
                 assert torch.equal(p.grad, w)
     finally:
         red.close()
+
+
+def test_codec_threads_same_means(cluster):
+    """Client(codec_threads=N): the pulled means of GIFT and error-feedback
+    tensors are the bytes the I/O thread alone gives, step for step (each
+    client on a fresh cluster, so the steps start at 0 both times); a count
+    outside 0..64 is refused with the reason."""
+    def run(threads):
+        c = cluster(shards=2, world=1)
+        with gift.Client(servers=c.servers, rank=0, world_size=1,
+                         codec_threads=threads) as cl:
+            cl.declare([gift.Tensor("geo", 64, 96, codec="fp8-e4m3", geometry=True, rank=16,
+                                    refresh=2),
+                        gift.Tensor("ef", 48, 80, codec="nvfp4", error_feedback=True)])
+            rng = np.random.default_rng(7)
+            outs = []
+            for step in range(5):
+                gs = [rng.standard_normal((64, 96)).astype(np.float32),
+                      rng.standard_normal((48, 80)).astype(np.float32)]
+                if step % 2 == 0:
+                    cl.sketch_inputs(0, step, rng.standard_normal((32, 96)).astype(np.float32))
+                res = [np.empty_like(g) for g in gs]
+                ops = [cl.push_pull(i, step, g, o) for i, (g, o) in enumerate(zip(gs, res))]
+                for op in ops:
+                    assert op.wait() == 0
+                outs.append(res)
+            return outs
+    base, pooled = run(0), run(2)
+    for step, (a, b) in enumerate(zip(base, pooled)):
+        for name, x, y in zip(("geo", "ef"), a, b):
+            assert np.array_equal(x, y), (step, name, float(np.abs(x - y).max()))
+    c = cluster(shards=1, world=1)
+    with pytest.raises(gift.GiftError) as e:
+        gift.Client(servers=c.servers, rank=0, world_size=1, codec_threads=65)
+    assert e.value.code == -1, e.value  # GIFT_EINVAL
+
+
+def test_client_opts_layout_matches_the_header(tmp_path):
+    """gift._lib._ClientOpts must be gift_client_opts_t, field for field
+    (codec_threads was appended after run_id)."""
+    import ctypes
+    import shutil
+    import subprocess
+    from conftest import REPO
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to read the header's layout")
+    fields = [f for f, _ in gift._lib._ClientOpts._fields_]
+    src = tmp_path / "opts.c"
+    src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"gift/client.h\"\n"
+                   "int main(void) {\n"
+                   "  gift_client_opts_t o = GIFT_CLIENT_OPTS_INIT;\n"
+                   "  printf(\"sizeof %zu\\n\", sizeof o);\n"
+                   "  printf(\"init_codec_threads %d\\n\", o.codec_threads);\n" +
+                   "".join(f"  printf(\"{f} %zu\\n\", offsetof(gift_client_opts_t, {f}));\n"
+                           for f in fields) + "  return 0;\n}\n")
+    exe = tmp_path / "opts"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    subprocess.run([cc, "-std=c11", "-I", os.path.join(REPO, "client", "include"), "-I",
+                    os.path.join(REPO, "common"), str(src), "-o", str(exe)], check=True, env=env)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, env=env).stdout
+    c = dict((k, int(v)) for k, v in (line.split() for line in out.splitlines()))
+    assert ctypes.sizeof(gift._lib._ClientOpts) == c["sizeof"]
+    for f in fields:
+        assert getattr(gift._lib._ClientOpts, f).offset == c[f], f
+    assert c["init_codec_threads"] == -1  # GIFT_CLIENT_OPTS_INIT: from the environment
