@@ -221,6 +221,23 @@ static long parse_uint(const char *s, long max)
     return v;
 }
 
+/* $name as a number lo..max into *out: 1, or 0 when it is unset or empty, or
+ * -1 when it is not such a number (said on stderr, in unit). */
+static int env_number(const char *name, long lo, long max, const char *unit, long *out)
+{
+    const char *v = getenv(name);
+    long n;
+    if (v == NULL || *v == '\0')
+        return 0;
+    if ((n = parse_uint(v, max)) < lo) {
+        fprintf(stderr, "giftclient: %s=%s is not a number of %s %ld..%ld\n", name, v, unit, lo,
+                max);
+        return -1;
+    }
+    *out = n;
+    return 1;
+}
+
 /* Resolves "host:port" (host an IPv4 or IPv6 literal, "[v6]", or a name,
  * IPv4 preferred) into *ss. */
 static int parse_server(const char *s, size_t len, struct sockaddr_storage *ss)
@@ -333,8 +350,8 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
     gift_client_opts_t o;
     gift_client_t *c;
     const char *v;
-    long rank, world;
-    int rc;
+    long rank, world, num = 0;
+    int rc, got;
 
     if (out == NULL)
         return GIFT_EINVAL;
@@ -367,26 +384,20 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
     c->rank = (int)rank;
     c->world = (int)world;
     c->chunk_bytes = o.chunk_bytes ? o.chunk_bytes : GIFT__CHUNK_DEFAULT;
-    if (!o.chunk_bytes && (v = getenv("GIFT_CHUNK_BYTES")) != NULL && *v != '\0') {
-        long b = parse_uint(v, 1l << 30);
-        if (b < 64) {
-            fprintf(stderr, "giftclient: GIFT_CHUNK_BYTES=%s is not a number of bytes "
-                            "64..%ld\n", v, 1l << 30);
+    if (!o.chunk_bytes &&
+        (got = env_number("GIFT_CHUNK_BYTES", 64, 1l << 30, "bytes", &num)) != 0) {
+        if (got < 0)
             goto fail;
-        }
-        c->chunk_bytes = (uint64_t)b;
+        c->chunk_bytes = (uint64_t)num;
     }
     if (c->chunk_bytes < 64)
         goto fail;
     c->timeout_ms = o.timeout_ms ? o.timeout_ms : GIFT__TIMEOUT_DEFAULT;
-    if (!o.timeout_ms && (v = getenv("GIFT_TIMEOUT_MS")) != NULL && *v != '\0') {
-        long t = parse_uint(v, UINT32_MAX);
-        if (t < 1) {
-            fprintf(stderr, "giftclient: GIFT_TIMEOUT_MS=%s is not a number of milliseconds "
-                            "1..%u\n", v, UINT32_MAX);
+    if (!o.timeout_ms &&
+        (got = env_number("GIFT_TIMEOUT_MS", 1, UINT32_MAX, "milliseconds", &num)) != 0) {
+        if (got < 0)
             goto fail;
-        }
-        c->timeout_ms = (uint32_t)t;
+        c->timeout_ms = (uint32_t)num;
     }
     c->connect_timeout_ms =
         o.connect_timeout_ms ? o.connect_timeout_ms : GIFT__CONNECT_TIMEOUT_DEFAULT;
@@ -400,14 +411,11 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
             goto fail;
         }
         c->codec_threads = o.codec_threads;
-    } else if ((v = getenv("GIFT_CODEC_THREADS")) != NULL && *v != '\0') {
-        long t = parse_uint(v, GIFT__CODEC_THREADS_MAX);
-        if (t < 0) {
-            fprintf(stderr, "giftclient: GIFT_CODEC_THREADS=%s is not a number of threads "
-                            "0..%d\n", v, GIFT__CODEC_THREADS_MAX);
+    } else if ((got = env_number("GIFT_CODEC_THREADS", 0, GIFT__CODEC_THREADS_MAX, "threads",
+                                 &num)) != 0) {
+        if (got < 0)
             goto fail;
-        }
-        c->codec_threads = (int)t;
+        c->codec_threads = (int)num;
     }
     v = o.name;
     if (v != NULL && *v != '\0')

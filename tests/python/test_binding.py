@@ -177,35 +177,10 @@ def test_c_errors_are_exceptions(cluster):
 
 
 def test_tensor_desc_layout_matches_the_header(tmp_path):
-    """gift._lib._TensorDesc must be gift_tensor_desc_t, field for field: a
-    C program compiled against client/include/gift/client.h prints its size
-    and every field's offset."""
-    import ctypes
-    import shutil
-    import subprocess
-    from conftest import REPO
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler to read the header's layout")
-    fields = [f for f, _ in gift._lib._TensorDesc._fields_]
-    src = tmp_path / "layout.c"
-    src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"gift/client.h\"\n"
-                   "int main(void) {\n"
-                   "  printf(\"sizeof %zu\\n\", sizeof(gift_tensor_desc_t));\n" +
-                   "".join(f"  printf(\"{f} %zu\\n\", offsetof(gift_tensor_desc_t, {f}));\n"
-                           for f in fields) +
-                   "  printf(\"memory_cuda %d\\n\", GIFT_MEMORY_CUDA);\n"
-                   "  printf(\"enodev %d\\n\", GIFT_ENODEV);\n  return 0;\n}\n")
-    exe = tmp_path / "layout"
-    subprocess.run([cc, "-std=c11", "-I", os.path.join(REPO, "client", "include"), "-I",
-                    os.path.join(REPO, "common"), str(src), "-o", str(exe)], check=True,
-                   env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True,
-                         env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}).stdout
-    c = dict((k, int(v)) for k, v in (line.split() for line in out.splitlines()))
-    assert ctypes.sizeof(gift._lib._TensorDesc) == c["sizeof"]
-    for f in fields:
-        assert getattr(gift._lib._TensorDesc, f).offset == c[f], f
+    """gift._lib._TensorDesc must be gift_tensor_desc_t, field for field."""
+    c = _header_layout(tmp_path, gift._lib._TensorDesc, "gift_tensor_desc_t",
+                       "  printf(\"memory_cuda %d\\n\", GIFT_MEMORY_CUDA);\n"
+                       "  printf(\"enodev %d\\n\", GIFT_ENODEV);\n")
     assert gift.MEMORY_CUDA == c["memory_cuda"] == 1
     assert gift.strerror(c["enodev"]) == gift.strerror(-28)
 
@@ -326,6 +301,17 @@ def test_codec_threads_same_means(cluster):
 def test_client_opts_layout_matches_the_header(tmp_path):
     """gift._lib._ClientOpts must be gift_client_opts_t, field for field
     (codec_threads was appended after run_id)."""
+    c = _header_layout(tmp_path, gift._lib._ClientOpts, "gift_client_opts_t",
+                       "  gift_client_opts_t o = GIFT_CLIENT_OPTS_INIT;\n"
+                       "  printf(\"init_codec_threads %d\\n\", o.codec_threads);\n")
+    assert c["init_codec_threads"] == -1  # GIFT_CLIENT_OPTS_INIT: from the environment
+
+
+def _header_layout(tmp_path, cls, struct, extra=""):
+    """Checks that ctypes structure cls is C's struct, field for field: a C
+    program compiled against client/include/gift/client.h prints its size,
+    each field's offset and the extra printf lines. Returns what it printed
+    as a dict (skips without a C compiler)."""
     import ctypes
     import shutil
     import subprocess
@@ -333,22 +319,20 @@ def test_client_opts_layout_matches_the_header(tmp_path):
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to read the header's layout")
-    fields = [f for f, _ in gift._lib._ClientOpts._fields_]
-    src = tmp_path / "opts.c"
+    fields = [f for f, _ in cls._fields_]
+    src = tmp_path / "layout.c"
     src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"gift/client.h\"\n"
                    "int main(void) {\n"
-                   "  gift_client_opts_t o = GIFT_CLIENT_OPTS_INIT;\n"
-                   "  printf(\"sizeof %zu\\n\", sizeof o);\n"
-                   "  printf(\"init_codec_threads %d\\n\", o.codec_threads);\n" +
-                   "".join(f"  printf(\"{f} %zu\\n\", offsetof(gift_client_opts_t, {f}));\n"
-                           for f in fields) + "  return 0;\n}\n")
-    exe = tmp_path / "opts"
+                   f"  printf(\"sizeof %zu\\n\", sizeof({struct}));\n" +
+                   "".join(f"  printf(\"{f} %zu\\n\", offsetof({struct}, {f}));\n"
+                           for f in fields) + extra + "  return 0;\n}\n")
+    exe = tmp_path / "layout"
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     subprocess.run([cc, "-std=c11", "-I", os.path.join(REPO, "client", "include"), "-I",
                     os.path.join(REPO, "common"), str(src), "-o", str(exe)], check=True, env=env)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, env=env).stdout
     c = dict((k, int(v)) for k, v in (line.split() for line in out.splitlines()))
-    assert ctypes.sizeof(gift._lib._ClientOpts) == c["sizeof"]
+    assert ctypes.sizeof(cls) == c["sizeof"], (struct, ctypes.sizeof(cls), c["sizeof"])
     for f in fields:
-        assert getattr(gift._lib._ClientOpts, f).offset == c[f], f
-    assert c["init_codec_threads"] == -1  # GIFT_CLIENT_OPTS_INIT: from the environment
+        assert getattr(cls, f).offset == c[f], (struct, f, getattr(cls, f).offset, c[f])
+    return c
