@@ -18,7 +18,8 @@ gift_strerror's sentence and whose .code is the negative code of
 common/gift_error.h. Arguments the C side cannot check (buffer size, dtype)
 raise TypeError or ValueError here.
 
-Threads: one I/O thread per client runs the sockets and the codec; callbacks
+Threads: one I/O thread per client runs the sockets and the codec (with
+codec_threads, the pushes' transform and encode run beside it); callbacks
 given to push/pull/push_pull run there, holding the GIL, and must be short.
 Calls on one client are serialised by the caller.
 """
