@@ -998,7 +998,7 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
             if (w->geo[i].g.epoch < slot->g.epoch)
                 slot = &w->geo[i];
     }
-    if (slot->pinned) /* a codec thread's push still reads it (host.c) */
+    if (slot->pinned) /* a codec thread's job still reads it (host.c) */
         w->path->quiesce(c, w);
     /* The payload need not be aligned: copy it into the slot, then load in place. */
     slot->used = 0;
