@@ -647,6 +647,8 @@ void gift__eng_commands(gift_client_t *c)
             for (size_t i = 0; i < c->nwires; i++)
                 c->wires[i].path = &gift__host_path; /* a device wire's: c->dev->declare */
             rc = c->dev->declare(c);
+            if (rc == 0)
+                rc = gift__host_declare(c); /* the codec threads' jobs of host wires */
             if (rc < 0) {
                 gift__cmd_done(c, cmd, rc);
                 break;

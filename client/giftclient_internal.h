@@ -429,6 +429,10 @@ extern const gift__path_t gift__host_path;
  * joined) before the loop closes the handle that wakes it. 0 or GIFT_ENOMEM. */
 int gift__host_pool_start(gift_client_t *c);
 void gift__host_pool_stop(gift_client_t *c);
+/* At declaration, after the device table's (I/O thread): with codec threads,
+ * each host wire of its own gets its jobs (freed with the wires). 0 or
+ * GIFT_ENOMEM. */
+int gift__host_declare(gift_client_t *c);
 
 /* The policy's decision, on the host path (host.c). */
 /* Loads Geometry m (its payload already in G->g.U and G->g.lambda) into G:

@@ -308,6 +308,19 @@ void gift__host_pool_stop(gift_client_t *c)
     c->pool = NULL;
 }
 
+int gift__host_declare(gift_client_t *c)
+{
+    for (size_t i = 0; c->pool != NULL && i < c->nwires; i++) {
+        gift__wire_t *w = &c->wires[i];
+        if (w->path != &gift__host_path || w->nmembers != 1 || w->hjob != NULL ||
+            (w->geometry && w->pwork == NULL))
+            continue;
+        if ((w->hjob = calloc(HJOB_PER_WIRE, sizeof *w->hjob)) == NULL)
+            return GIFT_ENOMEM;
+    }
+    return 0;
+}
+
 /* Waits until w's job (if any) is finished with everything it reads and
  * writes (I/O thread). */
 static void hjob_wait(gift_client_t *c, gift__wire_t *w)
@@ -448,7 +461,7 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
 {
     int transformed = G != NULL && !G->g.identity;
     const float *p = transformed ? w->p : src;
-    int pooled = c->pool != NULL && w->nmembers == 1 && (!w->geometry || w->pwork != NULL);
+    int pooled = c->pool != NULL && w->hjob != NULL; /* gift__host_declare gave it jobs */
     int rc;
 
     gift__ps_codecs(w, ps, G);
@@ -460,9 +473,6 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
         ps->zc_user = src != ps->asmb;
         pooled = 0; /* checked where it lies, nothing to encode */
     }
-    if (pooled && w->hjob == NULL &&
-        (w->hjob = calloc(HJOB_PER_WIRE, sizeof *w->hjob)) == NULL)
-        return GIFT_ENOMEM; /* once per wire, before anything is started */
     if (pooled) {
         gift__eng_push_begin(c, w, ps, epoch, p);
         hjob_queue(c, w, ps, src, G != NULL ? gift__geo_by_epoch(w, epoch) : NULL, epoch);
