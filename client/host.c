@@ -185,7 +185,7 @@ typedef struct gift__hjob {
 struct gift__pool {
     gift_client_t *c;
     pthread_t *th;
-    int n, started;
+    int started;
     pthread_mutex_t mu;
     pthread_cond_t cv, donecv;
     gift__hjob_t *head, *tail;

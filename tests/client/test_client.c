@@ -36,6 +36,7 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1101,9 +1102,23 @@ START_TEST(test_errors)
     ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL);
     o.codec_threads = -2;
     ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL);
-    o.codec_threads = -1;
-    setenv("GIFT_CODEC_THREADS", "two", 1);
+    o.codec_threads = INT_MAX;
     ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL);
+    o.codec_threads = INT_MIN;
+    ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL);
+    o.codec_threads = -1;
+    {
+        /* Not a count of threads 0..64: refused before any thread is made. */
+        static const char *bad[] = {"two", "65", "-1", " 2", "2x", "4294967295",
+                                    "4294967296", "18446744073709551615",
+                                    "18446744073709551616", "999999999999999999999999"};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            setenv("GIFT_CODEC_THREADS", bad[i], 1);
+            rc = gift_client_open(&o, &c);
+            ck_assert_msg(rc == GIFT_EINVAL, "GIFT_CODEC_THREADS=\"%s\": %s, want GIFT_EINVAL",
+                          bad[i], gift_strerror(rc));
+        }
+    }
     setenv("GIFT_CODEC_THREADS", "65", 1);
     ck_assert_int_eq(gift_client_open(&o, &c), GIFT_EINVAL);
     o.codec_threads = 64; /* the bound itself: allowed (nothing listens on port 1) */
