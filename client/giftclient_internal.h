@@ -34,10 +34,11 @@
  * Threads: the caller's thread builds the declared list and then only reads
  * it; every mutable field below is owned by the I/O thread, except those
  * marked "mu" (guarded by gift_client.mu) and the counters (atomic). A codec
- * thread (host.c, codec_threads > 0) runs one wire's push at a time: while
- * that job is active the I/O thread leaves what it writes (w->p, w->pwork,
- * w->ef, the payloads of chunks not yet published) and the geometry slots it
- * pins alone; host.c's gift__hjob_t says how they hand over.
+ * thread (host.c, codec_threads > 0) runs a wire's push or a pull's T^-1 as
+ * a job: while a job is active the I/O thread leaves what it writes (w->p,
+ * its scratch in w->pwork, w->ef, the payloads of chunks not yet published,
+ * the pull's target) and the geometry slots it pins alone; host.c's
+ * gift__hjob_t says how they hand over.
  *
  * Wire tensors: what travels. A user tensor ("member") maps to a slice
  * [off, off + n) of exactly one wire tensor. Small Euclidean tensors are
@@ -212,7 +213,7 @@ typedef struct gift__geo {
     uint64_t valid_from;
     int used;
     uint32_t gen; /* bumped at every load (device copies compare it) */
-    int pinned;   /* host.c: a codec thread's push reads it (not reloaded until quiesced) */
+    int pinned;   /* host.c: a codec thread's job reads it (not reloaded until quiesced) */
 } gift__geo_t;
 
 typedef struct gift__dwire gift__dwire_t; /* device.c: a device wire's buffers */
@@ -402,7 +403,7 @@ struct gift_client {
     /* Atomic: gift_client_counters (the I/O thread's CPU time is read then). */
     uint64_t payload_out, payload_in;
     uint64_t pass_bytes[GIFT_PASS_KINDS];
-    uint64_t codec_cpu_ns; /* the codec threads' CPU, added after each push */
+    uint64_t codec_cpu_ns; /* the codec threads' CPU, added after each job */
     /* I/O thread. */
     gift__conn_t *conns;
     struct gift_op *ops; /* in flight */
@@ -413,7 +414,7 @@ struct gift_client {
     size_t nencoding; /* wires whose push is still being encoded, a few chunks a turn */
     int codec_threads;         /* configuration: threads of the codec pool (0: none) */
     struct gift__pool *pool;   /* host.c: the codec threads, or NULL */
-    size_t npool;              /* wires whose push is on a codec thread */
+    size_t npool;              /* codec-thread jobs queued, running or not yet retired */
     int closing;
     int lost; /* a shard lost the run's state (GIFT_ESTATE): every operation fails with it */
     gift__gpu_t *gpu; /* device.c: contexts and job queues, or NULL */
@@ -425,7 +426,7 @@ struct gift_client {
  * device's. */
 extern const gift__path_t gift__host_path;
 /* The codec threads (host.c; c->codec_threads of them, none when 0): started
- * by net.c before the I/O thread runs, stopped (each finishing its push, then
+ * by net.c before the I/O thread runs, stopped (each finishing its job, then
  * joined) before the loop closes the handle that wakes it. 0 or GIFT_ENOMEM. */
 int gift__host_pool_start(gift_client_t *c);
 void gift__host_pool_stop(gift_client_t *c);

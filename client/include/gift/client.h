@@ -312,7 +312,7 @@ typedef struct gift_client_counters {
     uint64_t payload_out;        /* push and sketch payload bytes written (headers not) */
     uint64_t payload_in;         /* pull reply and geometry payload bytes read */
     uint64_t pass_bytes[GIFT_PASS_KINDS];
-    /* CPU time of the codec threads (opts.codec_threads), summed, as each finishes a push
+    /* CPU time of the codec threads (opts.codec_threads), summed, as each finishes a job
      * (added after pass_bytes: a smaller size does not get it). */
     uint64_t codec_cpu_ns;
 } gift_client_counters_t;
