@@ -176,6 +176,12 @@ typedef struct gift__pstate {
     gift_codec_params_t push, pull;
     int tr;
     const float *encp; /* while encoding: the transformed gradient (+ residual) */
+    /* A transformed push on the host path: each chunk's rows of tsrc are
+     * transformed into encp as that chunk is encoded (host.c encode_one),
+     * under tg, which stays pinned until the last chunk is (or the wire is
+     * quiesced). NULL: encp holds the whole input already. */
+    struct gift__geo *tg;
+    const float *tsrc;
     uint8_t *payload;  /* every chunk's encoded payload, 64-aligned */
     float *asmb;       /* fused: the assembled gradient */
     /* f32 chunks whose payload is their elements exactly are sent from here,

@@ -28,10 +28,44 @@
  * decodes chunk j while this thread encodes chunk j + 1. */
 #define GIFT__ENCODE_TURN_BYTES (1u << 20)
 
+/* T (inverse 0) or T^-1 of one chunk's rows, src to dst (may be equal):
+ * every path cuts a tensor into its chunks and transforms them with the
+ * whole tensor's rows as the form's work size (gift_transform_ws), so a
+ * push or a pull gives the same bits on the I/O thread and on a codec
+ * thread. scratch holds w->rows x w->k floats. */
+static int chunk_transform(gift_client_t *c, gift__wire_t *w, const gift_geometry_t *g,
+                           int inverse, const gift__chunk_t *ch, const float *src, float *dst,
+                           float *scratch)
+{
+    GIFT__PASS(c, GIFT_PASS_TRANSFORM, ch->n);
+    return gift_transform_ws(g, inverse, src + ch->off, (int)ch->rows, dst + ch->off, scratch,
+                             (int)w->rows);
+}
+
+/* T^-1 of every chunk of pl's target, in place. */
+static int inverse_all(gift_client_t *c, gift__wire_t *w, const gift_geometry_t *g, float *target,
+                       float *scratch)
+{
+    int rc = 0;
+    for (uint32_t j = 0; rc == 0 && j < w->nchunks; j++)
+        rc = chunk_transform(c, w, g, 1, gift__chunk_of(c, w, j), target, target, scratch);
+    return rc;
+}
+
+/* ps no longer transforms as it encodes: unpins its geometry. */
+static void untransform(gift__pstate_t *ps)
+{
+    if (ps->tg != NULL)
+        ps->tg->pinned--;
+    ps->tg = NULL;
+    ps->tsrc = NULL;
+}
+
 static void stop_encoding(gift_client_t *c, gift__wire_t *w)
 {
     if (w->encoding == NULL)
         return;
+    untransform(w->encoding);
     w->encoding = NULL;
     c->nencoding--;
     c->rescan = 1;
@@ -76,17 +110,22 @@ static int encode_ef(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
     return 0;
 }
 
-/* Encodes chunk j of ps's push into its payload area: with error feedback
- * (encode_ef), checked where it lies (f32 sent from ps->zc), or encoded.
- * Touches the chunk's payload, its residual and its slice of w->p only, so
- * a codec thread may run it (the counters are atomic). 0 or the encode's
- * error. */
-static int encode_one(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j)
+/* Encodes chunk j of ps's push into its payload area: transformed first
+ * (its rows of ps->tsrc into w->p, under ps->tg, with scratch: w->rows x
+ * w->k floats), then with error feedback (encode_ef), checked where it lies
+ * (f32 sent from ps->zc), or encoded. Touches the chunk's payload, its
+ * residual, its slice of w->p and scratch only, so a codec thread may run it
+ * (the counters are atomic). 0 or the transform's or encode's error. */
+static int encode_one(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j,
+                      float *scratch)
 {
     gift__chunk_t *ch = gift__chunk_of(c, w, j);
     gift_codec_params_t cp = ps->push;
     uint8_t *pay = ps->payload + ch->push_off;
     int rc;
+    if (ps->tg != NULL &&
+        (rc = chunk_transform(c, w, &ps->tg->g, 0, ch, ps->tsrc, w->p, scratch)) < 0)
+        return rc;
     cp.sr.seed = c->seed;
     cp.sr.rank = (uint32_t)c->rank;
     cp.sr.key = w->key;
@@ -129,7 +168,7 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
     }
     while (ps->nenc < w->nchunks && (done == 0 || done < budget)) {
         uint32_t j = ps->nenc;
-        if ((rc = encode_one(c, w, ps, j)) < 0) {
+        if ((rc = encode_one(c, w, ps, j, w->work)) < 0) {
             stop_encoding(c, w);
             gift__eng_push_fail(c, ps, rc);
             return done;
@@ -147,15 +186,16 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
 /* The codec threads (gift_client_opts_t.codec_threads)                  */
 /* ------------------------------------------------------------------ */
 
-/* Work on a codec thread. A push (HJOB_PUSH): the transform (G T into w->p,
- * on its scratch), the residual's rebase or reset, and every chunk's encode,
- * in chunk order. The I/O thread queues it and then touches none of what it
+/* Work on a codec thread. A push (HJOB_PUSH): the residual's rebase or
+ * reset, then each chunk's transform (its rows of G T into w->p, on its
+ * scratch) and encode, in chunk order. The I/O thread queues it and then touches none of what it
  * writes (w->p, the scratch, w->ef, the chunks' payloads not yet published)
  * nor the geometry slots it reads (pinned: on_geometry quiesces before
  * reloading one) until it is done; it sends each chunk once `pub` says it is
  * encoded (gift__host_encode_more). One push job per wire: the engine starts
  * a wire's next push only when this one is no longer encoding. A pull's
- * T^-1 (HJOB_FINISH, one per pull slot): every chunk is decoded into
+ * T^-1 (HJOB_FINISH, one per pull slot, for a wire in one chunk:
+ * inverse_on_pool): every chunk is decoded into
  * pl->target, which nothing else writes until the pull completes; once the
  * job is done the I/O thread completes the pull (host_finish then takes the
  * job's result). Each job has its own rows x k scratch: w->pwork holds three
@@ -200,23 +240,16 @@ static void hjob_run(gift_client_t *c, gift__hjob_t *j)
     int rc = 0;
 
     if (j->kind == HJOB_FINISH) {
-        GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
-        j->err = gift__backend_cpu()->transform(NULL, &j->G->g, 1, j->pl->target, (int)w->rows,
-                                                j->pl->target, j->scratch);
+        j->err = inverse_all(c, w, &j->G->g, j->pl->target, j->scratch);
         return;
     }
-    if (j->G != NULL && !j->G->g.identity) {
-        rc = gift__backend_cpu()->transform(NULL, &j->G->g, 0, j->src, (int)w->rows, w->p,
-                                            j->scratch);
-        GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
-    }
-    if (rc == 0 && w->ef_on && w->ef.epoch != j->epoch) {
+    if (w->ef_on && w->ef.epoch != j->epoch) {
         if (j->old == NULL || j->G == NULL ||
             gift_ef_rebase(&w->ef, &j->old->g, &j->G->g, j->scratch) < 0)
             gift_ef_reset(&w->ef, j->epoch);
     }
     for (uint32_t k = 0; rc == 0 && k < w->nchunks; k++) {
-        if ((rc = encode_one(c, w, ps, k)) == 0)
+        if ((rc = encode_one(c, w, ps, k, j->scratch)) == 0)
             __atomic_store_n(&j->pub, k + 1, __ATOMIC_RELEASE);
         if (k + 1 == w->nchunks || rc < 0 || (k & 3) == 3)
             c->io->wake(c); /* the I/O thread sends what is published */
@@ -402,6 +435,7 @@ static void hjob_collect(gift_client_t *c, gift__wire_t *w)
     if (!done)
         return;
     hjob_retire(c, j);
+    untransform(ps);
     gift__eng_push_encoded(c, w); /* w->encoding = NULL: the wire's next push may start */
     if (j->err < 0)
         gift__eng_push_fail(c, ps, j->err);
@@ -451,18 +485,28 @@ void gift__host_encode_more(gift_client_t *c)
     }
 }
 
-/* The host path's push (gift__path_t.push): transforms (geometry), rebases
- * or resets the residual (error feedback), then encodes the chunks, a few per
- * loop turn (encode_chunks), queueing each as soon as it is encoded. With
- * codec threads, a wire of its own that is not sent as it lies does all of
- * that on one of them instead (hjob_queue). */
+/* ps's chunks are transformed as they are encoded, from src under epoch's
+ * geometry, pinned until the last one is (untransform). */
+static void transform_as_encoded(gift__wire_t *w, gift__pstate_t *ps, const float *src,
+                                 uint32_t epoch)
+{
+    ps->tg = gift__geo_by_epoch(w, epoch);
+    ps->tsrc = src;
+    ps->tg->pinned++;
+}
+
+/* The host path's push (gift__path_t.push): rebases or resets the residual
+ * (error feedback), then transforms (geometry) and encodes the chunks one by
+ * one, a few per loop turn (encode_chunks), queueing each as soon as it is
+ * encoded, so that the shard works on chunk j while this thread transforms
+ * chunk j + 1. With codec threads, a wire of its own that is not sent as it
+ * lies does all of that on one of them instead (hjob_queue). */
 static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
                      const gift__geo_t *G, uint32_t epoch)
 {
     int transformed = G != NULL && !G->g.identity;
     const float *p = transformed ? w->p : src;
     int pooled = c->pool != NULL && w->hjob != NULL; /* gift__host_declare gave it jobs */
-    int rc;
 
     gift__ps_codecs(w, ps, G);
     ps->zc = NULL;
@@ -475,14 +519,10 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
     }
     if (pooled) {
         gift__eng_push_begin(c, w, ps, epoch, p);
+        if (transformed)
+            transform_as_encoded(w, ps, src, epoch);
         hjob_queue(c, w, ps, src, G != NULL ? gift__geo_by_epoch(w, epoch) : NULL, epoch);
         return 0;
-    }
-    if (transformed) {
-        if ((rc = gift__backend_cpu()->transform(NULL, &G->g, 0, src, (int)w->rows, w->p,
-                                                 w->work)) < 0)
-            return rc;
-        GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
     }
     if (w->ef_on && w->ef.epoch != epoch) { /* the residual is added as each chunk encodes */
         gift__geo_t *old = gift__geo_by_epoch(w, w->ef.epoch);
@@ -490,6 +530,8 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
             gift_ef_reset(&w->ef, epoch);
     }
     gift__eng_push_begin(c, w, ps, epoch, p);
+    if (transformed)
+        transform_as_encoded(w, ps, src, epoch);
     c->nencoding++;
     encode_chunks(c, w, GIFT__ENCODE_TURN_BYTES);
     return 0;
@@ -501,22 +543,48 @@ static void host_pull_reset(gift__wire_t *w, gift__lstate_t *pl)
     (void)pl;
 }
 
+/* With two codec threads or more, a wire of its own in one chunk takes its
+ * pulls' T^-1 there once the chunk is in (host_chunk_done); else each
+ * chunk's T^-1 follows its decode on this thread (host_decode), where it
+ * runs while the later chunks are still on the wire. Measured (bench/
+ * RESULTS.md, transforms per chunk): one 64 MiB tensor in 16 chunks 1.19x
+ * and 1.25x faster with its T^-1 here than on a codec thread after its
+ * last chunk; the llama list's mostly one-chunk tensors 0.90x with every
+ * T^-1 here, 1.05x and 1.09x with this rule. */
+static int inverse_on_pool(const gift_client_t *c, const gift__wire_t *w)
+{
+    return c->pool != NULL && c->codec_threads >= 2 && w->hjob != NULL && w->nchunks == 1;
+}
+
+/* Decodes a chunk into its place in pl's target, then (geometry, T^-1 not
+ * left to a codec thread) transforms it back there, so that the pull's T^-1
+ * runs while its later chunks are still on their way. */
 static int host_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
                        const gift__chunk_t *ch, const void *payload, size_t len)
 {
+    const gift__geo_t *G;
+    int rc;
     if ((const float *)payload == pl->target + ch->off) {
         /* Received where it belongs (gift__eng_sink): f32 decode's check alone. */
         GIFT__PASS(c, GIFT_PASS_CHECK, ch->n);
-        return gift_payload_check(gift__pull_codec(w, pl->epoch), payload, len, ch->n);
+        rc = gift_payload_check(gift__pull_codec(w, pl->epoch), payload, len, ch->n);
+    } else {
+        GIFT__PASS(c, GIFT_PASS_DECODE, ch->n);
+        rc = gift__backend_cpu()->decode(NULL, gift__pull_codec(w, pl->epoch), payload, len,
+                                         ch->n, pl->target + ch->off);
     }
-    GIFT__PASS(c, GIFT_PASS_DECODE, ch->n);
-    return gift__backend_cpu()->decode(NULL, gift__pull_codec(w, pl->epoch), payload, len, ch->n,
-                                       pl->target + ch->off);
+    if (rc < 0 || !w->geometry || inverse_on_pool(c, w))
+        return rc;
+    if ((G = gift__geo_by_epoch(w, pl->epoch)) == NULL)
+        return GIFT_EEPOCH;
+    if (G->g.identity)
+        return 0;
+    return chunk_transform(c, w, &G->g, 1, ch, pl->target, pl->target, w->work);
 }
 
-/* Every chunk of pl is in: with two codec threads or more (and a wire of its
- * own that has had a push there), its T^-1 goes to one of them and the pull
- * completes when that is done (finish_collect); else it completes now. With
+/* Every chunk of pl is in: where inverse_on_pool says so, its T^-1 goes to
+ * a codec thread and the pull completes when that is done (finish_collect);
+ * else it completes now (each chunk was transformed back as it came). With
  * one codec thread the T^-1 stays here: the two threads then split each
  * tensor's two GEMMs, which measured better than both on the codec thread
  * (bench/RESULTS.md, codec threads). */
@@ -529,8 +597,7 @@ static void host_chunk_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *p
     (void)len;
     if (pl->ngot != w->nchunks)
         return;
-    if (c->pool != NULL && c->codec_threads >= 2 && w->hjob != NULL && w->geometry &&
-        pl->err == 0 &&
+    if (inverse_on_pool(c, w) && w->geometry && pl->err == 0 &&
         (G = gift__geo_by_epoch(w, pl->epoch)) != NULL && !G->g.identity) {
         int slot = (int)(pl - w->pl);
         gift__hjob_t *j = &w->hjob[HJOB_FINISH + slot];
@@ -550,12 +617,12 @@ static void host_chunk_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *p
 }
 
 /* T^-1 of the pulled mean, in place, under the epoch it came in (or what a
- * codec thread's T^-1 of it returned). */
+ * codec thread's T^-1 of it returned), unless each chunk had its own
+ * (host_decode). */
 static int host_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
 {
     gift__geo_t *G;
-    (void)c;
-    if (!w->geometry)
+    if (!w->geometry || !inverse_on_pool(c, w))
         return 0;
     if (w->hjob != NULL) {
         gift__hjob_t *j = &w->hjob[HJOB_FINISH + (int)(pl - w->pl)];
@@ -566,9 +633,7 @@ static int host_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
         return GIFT_EEPOCH;
     if (G->g.identity)
         return 0;
-    GIFT__PASS(c, GIFT_PASS_TRANSFORM, w->n);
-    return gift__backend_cpu()->transform(NULL, &G->g, 1, pl->target, (int)w->rows, pl->target,
-                                          w->work);
+    return inverse_all(c, w, &G->g, pl->target, w->work);
 }
 
 static int host_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
@@ -597,10 +662,26 @@ static int host_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r,
 }
 
 /* Nothing on this thread reads the caller's memory once a call returns; a
- * codec thread's push may: wait for it. */
+ * codec thread's push may: wait for it. A push encoding on this thread
+ * transforms the rest of its chunks now (from the caller's memory, still
+ * there: quiesce comes before a failed operation completes), so that it
+ * reads neither that memory nor its geometry slot (on_geometry quiesces
+ * before reloading a pinned one) after this. */
 static void host_quiesce(gift_client_t *c, gift__wire_t *w)
 {
+    gift__pstate_t *ps = w->encoding;
+    int rc = 0;
     hjob_wait(c, w);
+    if (ps == NULL || ps->tg == NULL || (w->hjob != NULL && w->hjob[HJOB_PUSH].active))
+        return; /* nothing transforms later, or the job is done and collect unpins it */
+    for (uint32_t j = ps->nenc; rc == 0 && j < w->nchunks; j++)
+        rc = chunk_transform(c, w, &ps->tg->g, 0, gift__chunk_of(c, w, j), ps->tsrc, w->p,
+                             w->work);
+    untransform(ps);
+    if (rc < 0) {
+        stop_encoding(c, w);
+        gift__eng_push_fail(c, ps, rc);
+    }
 }
 
 const gift__path_t gift__host_path = {

@@ -687,20 +687,23 @@ int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y
 }
 
 /*
- * gift_transform: out = G T (inverse 0) or G T^-1 (inverse 1) for rows x din
- * row-major G, as out = c G + ((G U_k) diag(d)) U_k^T with two cblas_sgemm.
- * out may equal G but must not overlap it otherwise; work holds rows * k
- * floats (unused, and may be NULL, for an identity geometry, which copies).
- * Returns 0 or GIFT_EINVAL.
+ * gift_transform_ws: out = G T (inverse 0) or G T^-1 (inverse 1) for rows x
+ * din row-major G, as out = c G + ((G U_k) diag(d)) U_k^T with two
+ * cblas_sgemm, or with the dense form in row blocks. out may equal G but must
+ * not overlap it otherwise; work holds work_rows * k floats, work_rows >=
+ * rows (unused, and may be NULL, for an identity geometry, which copies).
+ * The form and the blocks depend on work_rows, not rows: a tensor transformed
+ * chunk by chunk with its whole rows as work_rows takes the form the whole
+ * tensor would. Returns 0 or GIFT_EINVAL.
  */
-int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int rows, float *out,
-                   float *work)
+int gift_transform_ws(const gift_geometry_t *g, int inverse, const float *G, int rows, float *out,
+                      float *work, int work_rows)
 {
     const float *d;
     float c;
     size_t i, j, n, k;
 
-    if (g == NULL || g->U == NULL || G == NULL || out == NULL || rows < 0)
+    if (g == NULL || g->U == NULL || G == NULL || out == NULL || rows < 0 || work_rows < rows)
         return GIFT_EINVAL;
     if (inverse != 0 && inverse != 1)
         return GIFT_EINVAL;
@@ -715,10 +718,10 @@ int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int ro
     if (rows == 0)
         return 0;
     k = (size_t)g->k;
-    if (g->dense_on && (size_t)rows * k >= (size_t)g->din) {
-        /* out = G T in blocks of r rows: r x din fits in work (rows x k). */
+    if (g->dense_on && (size_t)work_rows * k >= (size_t)g->din) {
+        /* out = G T in blocks of r rows: r x din fits in work (work_rows x k). */
         const float *T = g->dense + (inverse ? (size_t)g->din * g->din : 0);
-        size_t r = (size_t)rows * k / (size_t)g->din, i0, nr;
+        size_t r = (size_t)work_rows * k / (size_t)g->din, i0, nr;
 
         if (r > (size_t)rows)
             r = (size_t)rows;
@@ -748,6 +751,13 @@ int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int ro
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, g->din, g->k, 1.0f, work, g->k, g->U,
                 g->ks, 1.0f, out, g->din);
     return 0;
+}
+
+/* gift_transform: gift_transform_ws with work_rows = rows. */
+int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int rows, float *out,
+                   float *work)
+{
+    return gift_transform_ws(g, inverse, G, rows, out, work, rows);
 }
 
 /* ------------------------------------------------------------------ */

@@ -363,10 +363,19 @@ int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y
  * writing out (may equal G). work must hold rows * k floats. Identity
  * geometries copy. With a formed dense form (dense_on) and rows * k >= din:
  * out = G T in row blocks of rows * k / din (through work when out == G, so
- * in place and not give the same bits); otherwise two thin cblas_sgemm:
+ * in place and out of place give the same bits); otherwise two thin
+ * cblas_sgemm:
  * out = c*G + ((G U_k) diag(d)) U_k^T. */
 int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int rows,
                    float *out, float *work);
+
+/* gift_transform of rows of a larger tensor: work holds work_rows * k floats
+ * (work_rows >= rows, else GIFT_EINVAL), and the form and row blocks are the
+ * ones gift_transform would take for work_rows rows. So a tensor of R rows
+ * transformed chunk by chunk with work_rows = R takes one form for every
+ * chunk, and two callers that cut it into the same chunks get the same bits. */
+int gift_transform_ws(const gift_geometry_t *g, int inverse, const float *G, int rows,
+                      float *out, float *work, int work_rows);
 
 /* ------------------------------------------------------------------ */
 /* Error feedback                                                        */

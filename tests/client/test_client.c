@@ -1559,6 +1559,120 @@ START_TEST(test_zero_copy)
 }
 END_TEST
 
+/* GIFT tensors transformed chunk by chunk: one worker with f32 codecs pulls
+ * back T^-1 (T g), which must be g to float rounding, on every step and
+ * through geometry epochs, for a thin-form tensor (rank 32 of 96), a dense
+ * one (rank 48: 2k >= din) whose last chunk is a single row (a form chosen
+ * by the chunk's rows would go thin there), and a tensor of one chunk (with
+ * 2 codec threads its T^-1 runs on one of them). A chunk transformed twice,
+ * not at all, or at another chunk's offset shows as an O(1) error. The same
+ * bytes must come back with 0, 1 and 2 codec threads (each path cuts the
+ * tensor into the same chunks); and the geometry must not be the identity
+ * (some pulled element differs from g). */
+enum { CT_ROWS = 200, CT_ROWS_D = 171, CT_ROWS_1 = 60, CT_CROWS = 85, CT_STEPS = 8,
+       CT_INPUTS = 128, CT_N = 3 };
+
+static uint64_t chunked_run(int threads, double *worst, int *moved)
+{
+    static const uint32_t rows[CT_N] = {CT_ROWS, CT_ROWS_D, CT_ROWS_1}, rank[CT_N] = {32, 48, 32};
+    static const char *const names[CT_N] = {"thin", "dense", "one-chunk"};
+    gift_client_opts_t o = GIFT_CLIENT_OPTS_INIT;
+    gift_tensor_desc_t t[CT_N];
+    gift_client_t *c = NULL;
+    gift_op_t *ops[CT_N];
+    size_t n[CT_N] = {(size_t)CT_ROWS * GEO_DIN, (size_t)CT_ROWS_D * GEO_DIN,
+                      (size_t)CT_ROWS_1 * GEO_DIN};
+    float *g[CT_N], *out[CT_N], *X = malloc((size_t)CT_INPUTS * GEO_DIN * sizeof(float));
+    double *want = malloc(n[0] * sizeof(double));
+    char servers[64];
+    uint64_t h = 1469598103934665603ull;
+
+    ck_assert(X != NULL && want != NULL);
+    for (int i = 0; i < CT_N; i++) {
+        gift_tensor_desc_t d = GIFT_TENSOR_INIT;
+        d.name = names[i];
+        d.rows = rows[i];
+        d.cols = GEO_DIN;
+        d.push_codec = d.pull_codec = GIFT_CODEC_F32;
+        d.geometry = 1;
+        d.rank = rank[i];
+        d.refresh = 2;
+        t[i] = d;
+        ck_assert((g[i] = malloc(n[i] * sizeof(float))) != NULL &&
+                  (out[i] = malloc(n[i] * sizeof(float))) != NULL);
+    }
+    daemons_start(1, 1);
+    servers_string(servers, sizeof servers);
+    o.codec_threads = threads;
+    o.servers = servers;
+    o.rank = 0;
+    o.world_size = 1;
+    o.chunk_bytes = (uint64_t)CT_CROWS * GEO_DIN * sizeof(float); /* 85 85 30, 85 85 1, 60 rows */
+    ck_assert_int_eq(gift_client_open(&o, &c), 0);
+    ck_assert_int_eq(gift_declare(c, t, CT_N), 0);
+    *worst = 0.0;
+    *moved = 0;
+    for (int s = 0; s < CT_STEPS; s++) {
+        for (int i = 0; i < CT_N; i++) {
+            int rc;
+            if (s % 2 == 0) {
+                gen(X, (size_t)CT_INPUTS * GEO_DIN, 50 + i, 0, (uint64_t)s, 1.0);
+                geo_shape(X, CT_INPUTS);
+                ck_assert_int_eq(gift_sketch_inputs(c, (uint32_t)i, (uint64_t)s, X, CT_INPUTS),
+                                 0);
+            }
+            gen(g[i], n[i], 60 + i, 0, (uint64_t)s, 1.0);
+            geo_shape(g[i], rows[i]);
+            rc = gift_push_pull(c, (uint32_t)i, (uint64_t)s, g[i], out[i], NULL, NULL, &ops[i]);
+            ck_assert_msg(rc == 0, "step %d %s: %s", s, t[i].name, gift_strerror(rc));
+        }
+        for (int i = 0; i < CT_N; i++) {
+            int rc = gift_op_wait(ops[i]);
+            double e;
+            gift_op_free(ops[i]);
+            ck_assert_msg(rc == 0, "threads %d step %d %s: %s", threads, s, t[i].name,
+                          gift_strerror(rc));
+            for (size_t k = 0; k < n[i]; k++) {
+                want[k] = g[i][k];
+                *moved += out[i][k] != g[i][k];
+            }
+            e = rel_l2(out[i], want, n[i]);
+            ck_assert_msg(e < 1e-4, "threads %d step %d %s: relL2 of T^-1 (T g) to g %g", threads,
+                          s, t[i].name, e);
+            *worst = fmax(*worst, e);
+            h = fnv(h, out[i], n[i] * sizeof(float));
+        }
+    }
+    gift_client_close(c);
+    daemons_stop();
+    for (int i = 0; i < CT_N; i++) {
+        free(g[i]);
+        free(out[i]);
+    }
+    free(X);
+    free(want);
+    return h;
+}
+
+START_TEST(test_chunked_transform)
+{
+    uint64_t h[3];
+    double worst[3];
+    int moved[3];
+    geo_init();
+    for (int i = 0; i < 3; i++)
+        h[i] = chunked_run(i, &worst[i], &moved[i]);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(moved[i] > 0, "codec threads %d: every pulled element equals g, so T was "
+                      "the identity throughout (relL2 %g)", i, worst[i]);
+    ck_assert_msg(h[0] == h[1] && h[0] == h[2],
+                  "the pulled bytes depend on the codec threads: hashes %016llx (0) %016llx (1) "
+                  "%016llx (2); worst relL2 %g %g %g",
+                  (unsigned long long)h[0], (unsigned long long)h[1], (unsigned long long)h[2],
+                  worst[0], worst[1], worst[2]);
+}
+END_TEST
+
 static Suite *client_suite(void)
 {
     Suite *s = suite_create("client");
@@ -1569,6 +1683,7 @@ static Suite *client_suite(void)
     tcase_add_loop_test(tc, test_nonfinite, 0, 3);
     tcase_add_test(tc, test_zero_copy);
     tcase_add_loop_test(tc, test_ef_exact, 0, 3);
+    tcase_add_test(tc, test_chunked_transform);
     tcase_add_test(tc, test_frames);
     tcase_add_loop_test(tc, test_acceptance, 0, 2);
     tcase_add_loop_test(tc, test_restart, 0, 2);

@@ -841,6 +841,24 @@ START_TEST(test_dense_form)
                               rows, e);
             }
         }
+        /* gift_transform_ws: one row of a tensor of FX_ROWS takes the form the
+         * tensor would (dense at k = 48 too, where one row alone goes thin),
+         * bit for bit the one product row x T; too small a work size is
+         * refused. */
+        for (int inv = 0; inv < 2; inv++) {
+            const float *T = g.dense + (inv ? (size_t)FX_DIN * FX_DIN : 0);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, FX_DIN, FX_DIN, 1.0f,
+                        G + FX_DIN, FX_DIN, T, FX_DIN, 0.0f, b, FX_DIN);
+            ck_assert_int_eq(gift_transform_ws(&g, inv, G + FX_DIN, 1, a, work, FX_ROWS), 0);
+            ck_assert_msg(memcmp(a, b, FX_DIN * 4) == 0,
+                          "k=%d inv=%d: one row with the tensor's work size is not row x T", k,
+                          inv);
+            memcpy(a, G + FX_DIN, FX_DIN * 4);
+            ck_assert_int_eq(gift_transform_ws(&g, inv, a, 1, a, work, FX_ROWS), 0);
+            ck_assert_msg(memcmp(a, b, FX_DIN * 4) == 0, "k=%d inv=%d: in place differs", k,
+                          inv);
+            ck_assert_int_eq(gift_transform_ws(&g, inv, G, 2, a, work, 1), GIFT_EINVAL);
+        }
         gift_geometry_free(&t);
         gift_geometry_free(&h);
         gift_geometry_free(&g);

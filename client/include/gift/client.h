@@ -90,9 +90,11 @@ typedef struct gift_client_opts {
     /* Threads beside the I/O thread that transform and encode the pushes of host tensors
      * (added after run_id): -1: $GIFT_CODEC_THREADS, else 0; 0..64. With 0 the I/O thread
      * does all of it; with N each push of a tensor of its own (not fused, not f32 sent as
-     * it lies) is transformed and encoded on one of N threads, and with N >= 2 each pull's
-     * T^-1 too, while the I/O thread keeps the sockets and decodes the pulls, so a CPU
-     * worker's communication can use more than one core. A caller built against an older
+     * it lies) is transformed and encoded on one of N threads, and with N >= 2 the pull's
+     * T^-1 of a tensor in one chunk too (a tensor of several chunks is transformed back
+     * chunk by chunk on the I/O thread as they arrive), while the I/O thread keeps the
+     * sockets and decodes the pulls, so a CPU worker's communication can use more than
+     * one core. The bytes do not depend on N. A caller built against an older
      * header (smaller size) gets the variable. */
     int codec_threads;
 } gift_client_opts_t;
