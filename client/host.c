@@ -188,18 +188,18 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
 
 /* Work on a codec thread. A push (HJOB_PUSH): the residual's rebase or
  * reset, then each chunk's transform (its rows of G T into w->p, on its
- * scratch) and encode, in chunk order. The I/O thread queues it and then touches none of what it
- * writes (w->p, the scratch, w->ef, the chunks' payloads not yet published)
- * nor the geometry slots it reads (pinned: on_geometry quiesces before
- * reloading one) until it is done; it sends each chunk once `pub` says it is
- * encoded (gift__host_encode_more). One push job per wire: the engine starts
- * a wire's next push only when this one is no longer encoding. A pull's
- * T^-1 (HJOB_FINISH, one per pull slot, for a wire in one chunk:
- * inverse_on_pool): every chunk is decoded into
- * pl->target, which nothing else writes until the pull completes; once the
- * job is done the I/O thread completes the pull (host_finish then takes the
- * job's result). Each job has its own rows x k scratch: w->pwork holds three
- * (the push's, then each pull slot's). */
+ * scratch) and encode, in chunk order. The I/O thread queues it and then
+ * touches none of what it writes (w->p, the scratch, w->ef, the chunks'
+ * payloads not yet published) nor the geometry slots it reads (pinned:
+ * on_geometry quiesces before reloading one) until it is done; it sends each
+ * chunk once `pub` says it is encoded (gift__host_encode_more). One push job
+ * per wire: the engine starts a wire's next push only when this one is no
+ * longer encoding. A pull's T^-1 (HJOB_FINISH, one per pull slot, for a wire
+ * in one chunk: inverse_on_pool): every chunk is decoded into pl->target,
+ * which nothing else writes until the pull completes; once the job is done
+ * the I/O thread completes the pull (host_finish then takes the job's
+ * result). Each job has its own rows x k scratch: w->pwork holds three (the
+ * push's, then each pull slot's). */
 typedef struct gift__pool gift__pool_t;
 
 enum { HJOB_PUSH = 0, HJOB_FINISH = 1, HJOB_PER_WIRE = 3 };
@@ -517,6 +517,8 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
         ps->zc_user = src != ps->asmb;
         pooled = 0; /* checked where it lies, nothing to encode */
     }
+    if (transformed && gift__geo_by_epoch(w, epoch) == NULL)
+        return GIFT_EEPOCH; /* cannot happen: G is the slot of epoch */
     if (pooled) {
         gift__eng_push_begin(c, w, ps, epoch, p);
         if (transformed)
