@@ -42,13 +42,14 @@ static int chunk_transform(gift_client_t *c, gift__wire_t *w, const gift_geometr
                              (int)w->rows);
 }
 
-/* T^-1 of every chunk of pl's target, in place. */
-static int inverse_all(gift_client_t *c, gift__wire_t *w, const gift_geometry_t *g, float *target,
-                       float *scratch)
+/* chunk_transform of chunks from .. w->nchunks - 1, src to dst. */
+static int transform_chunks(gift_client_t *c, gift__wire_t *w, const gift_geometry_t *g,
+                            int inverse, uint32_t from, const float *src, float *dst,
+                            float *scratch)
 {
     int rc = 0;
-    for (uint32_t j = 0; rc == 0 && j < w->nchunks; j++)
-        rc = chunk_transform(c, w, g, 1, gift__chunk_of(c, w, j), target, target, scratch);
+    for (uint32_t j = from; rc == 0 && j < w->nchunks; j++)
+        rc = chunk_transform(c, w, g, inverse, gift__chunk_of(c, w, j), src, dst, scratch);
     return rc;
 }
 
@@ -240,7 +241,7 @@ static void hjob_run(gift_client_t *c, gift__hjob_t *j)
     int rc = 0;
 
     if (j->kind == HJOB_FINISH) {
-        j->err = inverse_all(c, w, &j->G->g, j->pl->target, j->scratch);
+        j->err = transform_chunks(c, w, &j->G->g, 1, 0, j->pl->target, j->pl->target, j->scratch);
         return;
     }
     if (w->ef_on && w->ef.epoch != j->epoch) {
@@ -635,7 +636,7 @@ static int host_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
         return GIFT_EEPOCH;
     if (G->g.identity)
         return 0;
-    return inverse_all(c, w, &G->g, pl->target, w->work);
+    return transform_chunks(c, w, &G->g, 1, 0, pl->target, pl->target, w->work);
 }
 
 static int host_copy(gift__wire_t *w, float *dst, const float *src, size_t n)
@@ -672,13 +673,11 @@ static int host_sketch(gift_client_t *c, gift__wire_t *w, const gift__req_t *r,
 static void host_quiesce(gift_client_t *c, gift__wire_t *w)
 {
     gift__pstate_t *ps = w->encoding;
-    int rc = 0;
+    int rc;
     hjob_wait(c, w);
     if (ps == NULL || ps->tg == NULL || (w->hjob != NULL && w->hjob[HJOB_PUSH].active))
         return; /* nothing transforms later, or the job is done and collect unpins it */
-    for (uint32_t j = ps->nenc; rc == 0 && j < w->nchunks; j++)
-        rc = chunk_transform(c, w, &ps->tg->g, 0, gift__chunk_of(c, w, j), ps->tsrc, w->p,
-                             w->work);
+    rc = transform_chunks(c, w, &ps->tg->g, 0, ps->nenc, ps->tsrc, w->p, w->work);
     untransform(ps);
     if (rc < 0) {
         stop_encoding(c, w);
