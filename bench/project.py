@@ -70,7 +70,12 @@ The model (every figure per training step):
   libgiftclient's, and the shards') delays the compute by that CPU / cores.
   It takes each arm's measured CPU per step, so it is a diagnostic of that
   term, not a blind prediction; the model itself has no such term (a GPU
-  worker computes on the GPU).
+  worker computes on the GPU). A fourth prediction is blind: the same term
+  from the calibration instead of the validated runs, W x the CPU a
+  ddp-allreduce worker spent per step in the calibration's tries at the link's
+  rate beyond the compute-only run's, taken as the same for every arm, plus
+  the model's shard CPU, over the cores, on the seed-paired compute-only step
+  (the calibration's where the seeds have none).
 
 Output: a table on stdout; --json FILE and --md FILE write the same rows.
 Exit 2 with a message on a bad flag or input.
@@ -500,6 +505,32 @@ def arm_chunk_bytes(per_seed):
     return None
 
 
+def calibration_cpu(root, calib, cpu0):
+    """{link: CPU s per step a ddp-allreduce worker spent beyond the
+    compute-only run's cpu0}, from DIR/calibration/<link>.<try>/: the tries
+    at the rate the calibration kept (all the link's tries if none matches);
+    None for a link without a try that recorded its CPU."""
+    out = {}
+    cdir = os.path.join(root, "calibration")
+    for link in ("starved", "paper"):
+        if link not in calib:
+            continue
+        kept, every = [], []
+        for k in range(1, 10):
+            d = os.path.join(cdir, f"{link}.{k}")
+            try:
+                cpu = float(json.load(open(os.path.join(d, "summary.json")))["cpu_s_per_step"])
+                rate = json.load(open(os.path.join(d, "cluster.json"))).get("rate_mbit")
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            every.append(cpu)
+            if rate == calib[link].get("rate_mbit"):
+                kept.append(cpu)
+        v = kept or every
+        out[link] = max(0.0, statistics.mean(v) - cpu0) if v else None
+    return out
+
+
 def validate(args, costs):
     root = args.validate
     try:
@@ -516,6 +547,7 @@ def validate(args, costs):
     except (OSError, ValueError, KeyError, TypeError):
         cpu0, cpu0_src = calib["compute_step_s"], "the compute-only step"
     cores = calib.get("nproc") or 0
+    cal_extra = calibration_cpu(root, calib, cpu0)
     tensors, shape = model_tensors(args)
     if n_params(tensors) != calib.get("params"):
         print(f"project.py: warning: model {shape} has {n_params(tensors)} parameters, "
@@ -568,6 +600,28 @@ def validate(args, costs):
                 extra = max(0.0, statistics.mean(cpus) - wk * cpu0) / cores
                 pcpu = {"step_s": pred(calib["compute_step_s"] + extra)["step_s"],
                         "contention_s": extra}
+            # With the calibration's CPU (blind: nothing from the validated
+            # arm's runs): a communicating worker's CPU per step beyond the
+            # compute-only run's, from the calibration's ddp-allreduce tries
+            # at this link's rate, taken as the same for every arm (in nc7 the
+            # runs' figure was 12-25 ms whatever the arm's bytes), plus the
+            # model's shard CPU, over the cores; only where W >= cores, as
+            # above. The compute step is each seed's compute-only run where the
+            # seeds have one (median of the per-seed ratios), else the
+            # calibration's.
+            pcal = None
+            if cal_extra.get(link) is not None and cores and wk >= cores:
+                e = (wk * cal_extra[link] + pc.get("shard_cpu_total_s", 0.0)) / cores
+                if pairs:
+                    cal_pairs = [(pred(q["compute_s"] + e)["step_s"], q["step_median_s"])
+                                 for q in ps if q.get("compute_s") is not None
+                                 and q.get("step_median_s")]
+                    pcal = {"step_s": statistics.median(x for x, _ in cal_pairs),
+                            "ratio": statistics.median(x / y for x, y in cal_pairs)}
+                else:
+                    x = pred(calib["compute_step_s"] + e)["step_s"]
+                    pcal = {"step_s": x, "ratio": x / meas}
+                pcal["contention_s"] = e
             # time to target from the measured steps to target of the seeds that got there
             stt = [q["steps_to_target"] for q in ps if q.get("steps_to_target")]
             ttt_pred = statistics.median(stt) * pc["step_s"] if stt else None
@@ -582,6 +636,9 @@ def validate(args, costs):
                          "contention_s": pcpu["contention_s"] if pcpu else None,
                          "predicted_cpu_step_s": pcpu["step_s"] if pcpu else None,
                          "ratio_cpu": pcpu["step_s"] / meas if pcpu else None,
+                         "calibration_contention_s": pcal["contention_s"] if pcal else None,
+                         "predicted_cal_step_s": pcal["step_s"] if pcal else None,
+                         "ratio_cal": pcal["ratio"] if pcal else None,
                          "predicted_comm_s": pc["comm_s"], "delay_ms_used": delay * 1e3,
                          "steps_to_target_measured": statistics.median(stt) if stt else None,
                          "time_to_target_measured_s": m.get("time_to_target_s"),
@@ -592,6 +649,7 @@ def validate(args, costs):
     w1, n1 = within("ratio")
     w2, n2 = within("ratio_paired")
     w3, n3 = within("ratio_cpu")
+    w4, n4 = within("ratio_cal")
     lines = [f"Validation against {root} ({src}; calibration {calib.get('date')}, "
              f"{calib.get('nproc')} cores, {calib.get('cpu')}): compute-only step "
              f"{calib['compute_step_s'] * 1e3:.1f} ms, {calib.get('params')} parameters, "
@@ -599,15 +657,18 @@ def validate(args, costs):
              "",
              "| link | arm | Mbit/s | seeds | measured ms | predicted ms (calib. compute) | ratio "
              "| paired compute ms (seed mean) | predicted ms (paired) | ratio "
+             "| + calibration's CPU ms | predicted ms (calibration's CPU) | ratio "
              "| + runs' CPU ms | predicted ms (runs' CPU) | ratio | steps to target "
              "| time to target s measured / predicted |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         rp = "–" if r["ratio_paired"] is None else f"{r['ratio_paired']:.2f}"
         rc = "–" if r["ratio_cpu"] is None else f"{r['ratio_cpu']:.2f}"
+        rk = "–" if r["ratio_cal"] is None else f"{r['ratio_cal']:.2f}"
         lines.append(f"| {r['link']} | {r['arm']} | {r['rate_mbit']} | {r['seeds']} | "
                      f"{ms(r['measured_step_s'])} | {ms(r['predicted_step_s'])} | {r['ratio']:.2f} | "
                      f"{ms(r['paired_compute_s'])} | {ms(r['predicted_paired_step_s'])} | {rp} | "
+                     f"{ms(r['calibration_contention_s'])} | {ms(r['predicted_cal_step_s'])} | {rk} | "
                      f"{ms(r['contention_s'])} | {ms(r['predicted_cpu_step_s'])} | {rc} | "
                      f"{r['steps_to_target_measured'] or '–'} | "
                      + (f"{r['time_to_target_measured_s']:.1f}" if r["time_to_target_measured_s"] else "–")
@@ -616,6 +677,12 @@ def validate(args, costs):
     lines += ["", f"within 15%: {w1}/{n1} arms with the calibration's compute step, "
               f"{w2}/{n2} with the seed-paired compute-only step (each seed's prediction from the "
               f"compute-only step of the same seed, median of the per-seed ratios), "
+              f"{w4}/{n4} with the calibration's CPU (blind: the seed-paired compute-only step, "
+              f"or the calibration's where the seeds have none, plus W x the CPU a ddp-allreduce worker spent per step in the calibration's "
+              f"tries beyond the compute-only run's ("
+              + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(cal_extra.items())
+                          if v is not None) +
+              f"), the same for every arm, plus the model's shard CPU, over the cores), "
               f"{w3}/{n3} with the runs' CPU (a diagnostic: the calibration's compute step plus "
               f"the CPU each arm's runs spent per step beyond W x the compute-only run's "
               f"({cpu0 * 1e3:.1f} ms a worker, {cpu0_src}), over the {cores} cores every "
@@ -625,6 +692,7 @@ def validate(args, costs):
     obj = {"validate": root, "source": src, "calibration": calib, "costs": costs,
            "overlap": args.overlap, "rows": rows, "within_15pct": [w1, n1],
            "within_15pct_paired": [w2, n2], "within_15pct_cpu": [w3, n3],
+           "within_15pct_calibration_cpu": [w4, n4], "calibration_extra_cpu_s": cal_extra,
            "compute_only_cpu_s": cpu0}
     write_out(args, obj, "\n".join(lines))
 

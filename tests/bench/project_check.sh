@@ -10,7 +10,10 @@
 #     `none`, ratio = predicted / measured, the paired prediction uses the
 #     seed's compute step, the runs'-CPU one adds (CPU per step - W x the
 #     compute-only run's) / cores to the compute, and only where the runs
-#     have a CPU figure;
+#     have a CPU figure; the calibration's-CPU one (blind) adds W x (the
+#     calibration's ddp-allreduce CPU per step at the kept rate - the
+#     compute-only run's), plus the model's shard CPU, over the cores, to
+#     each seed's compute step, and ignores a try at another rate;
 #  4. --project paper: giftd needs W shard hosts at equal link rates;
 #  5. --cluster-json on a small fixture (written here): the shard CPU of the
 #     codecs it has is W x (push + pull) x its shard ns/payload byte, the
@@ -62,6 +65,13 @@ cat >"$work/nc/report/report.json" <<'EOF'
 EOF
 mkdir -p "$work/nc/calibration/compute"
 echo '{"cpu_s_per_step": 0.06}' >"$work/nc/calibration/compute/summary.json"
+# two calibration tries: the kept rate's (83 Mbit/s) and one at another rate,
+# whose CPU must not be used
+mkdir -p "$work/nc/calibration/starved.1" "$work/nc/calibration/starved.2"
+echo '{"cpu_s_per_step": 0.20}' >"$work/nc/calibration/starved.1/summary.json"
+echo '{"rate_mbit": 40}' >"$work/nc/calibration/starved.1/cluster.json"
+echo '{"cpu_s_per_step": 0.07}' >"$work/nc/calibration/starved.2/summary.json"
+echo '{"rate_mbit": 83}' >"$work/nc/calibration/starved.2/cluster.json"
 "$py" "$proj" --costs "$work/costs.json" --validate "$work/nc" --json "$work/val.json" \
     --md "$work/val.md" >/dev/null
 "$py" "$proj" --costs "$work/costs.json" --project paper --json "$work/paper.json" >/dev/null
@@ -132,7 +142,22 @@ want = 0.07 + (0.16 - 2 * 0.06) / 2 + 4 * 467584 / (83e6 / 8)
 check(ar["predicted_cpu_step_s"] is not None and abs(ar["predicted_cpu_step_s"] - want) < 1e-6,
       f"ddp-allreduce runs'-CPU prediction {ar['predicted_cpu_step_s']}, want {want}")
 check(abs(ar["contention_s"] - 0.02) < 1e-9, f"ddp-allreduce contention {ar['contention_s']}, want 0.02")
+# with the calibration's CPU: W x (0.07 - 0.06) / 2 cores = 10 ms on the seed's 80 ms compute
+check(abs(v["calibration_extra_cpu_s"]["starved"] - 0.01) < 1e-9,
+      f"calibration extra CPU {v['calibration_extra_cpu_s']}, want starved 0.01 (the 83 Mbit/s try)")
+want = 0.08 + 0.01 + 4 * 467584 / (83e6 / 8)
+check(ar["predicted_cal_step_s"] is not None and abs(ar["predicted_cal_step_s"] - want) < 1e-6
+      and abs(ar["ratio_cal"] - want / 0.25) < 1e-6,
+      f"ddp-allreduce calibration's-CPU prediction {ar['predicted_cal_step_s']} "
+      f"(ratio {ar['ratio_cal']}), want {want} ({want / 0.25})")
 colo = next(r for r in v["rows"] if r["arm"] == "nvfp4-gift-colo")
+check(colo["calibration_contention_s"] is not None and colo["calibration_contention_s"] > 0.01 + 1e-5
+      and colo["predicted_cal_step_s"] > colo["predicted_paired_step_s"],
+      f"nvfp4-gift-colo: calibration's contention {colo['calibration_contention_s']} s "
+      f"(want 10 ms + the model's shard CPU / 2), step {colo['predicted_cal_step_s']} s "
+      f"against {colo['predicted_paired_step_s']} s without it")
+check(v["within_15pct_calibration_cpu"][1] == 2,
+      f"calibration's-CPU rows {v['within_15pct_calibration_cpu']}, want 2 (both arms)")
 check(colo["ratio_cpu"] is None, f"nvfp4-gift-colo: runs'-CPU ratio {colo['ratio_cpu']} without a CPU figure")
 check(v["compute_only_cpu_s"] == 0.06 and v["within_15pct_cpu"][1] == 1,
       f"compute-only CPU {v['compute_only_cpu_s']}, runs'-CPU rows {v['within_15pct_cpu']}")
