@@ -82,6 +82,7 @@ Exit 2 with a message on a bad flag or input.
 """
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -516,8 +517,7 @@ def calibration_cpu(root, calib, cpu0):
         if link not in calib:
             continue
         kept, every = [], []
-        for k in range(1, 10):
-            d = os.path.join(cdir, f"{link}.{k}")
+        for d in sorted(glob.glob(os.path.join(glob.escape(cdir), link + ".*"))):
             try:
                 cpu = float(json.load(open(os.path.join(d, "summary.json")))["cpu_s_per_step"])
                 rate = json.load(open(os.path.join(d, "cluster.json"))).get("rate_mbit")
@@ -583,8 +583,8 @@ def validate(args, costs):
             pc = pred(calib["compute_step_s"])
             # paired: each seed's prediction from the compute-only step of the
             # same seed (the load of that hour), against that seed's median
-            pairs = [(pred(q["compute_s"])["step_s"], q["step_median_s"]) for q in ps
-                     if q.get("compute_s") is not None and q.get("step_median_s")]
+            paired = [q for q in ps if q.get("compute_s") is not None and q.get("step_median_s")]
+            pairs = [(pred(q["compute_s"])["step_s"], q["step_median_s"]) for q in paired]
             pp = {"step_s": statistics.median(x for x, _ in pairs)} if pairs else None
             meas = m["step_median_s"]
             # With the runs' CPU (a diagnostic, not a blind prediction): every
@@ -614,8 +614,7 @@ def validate(args, costs):
                 e = (wk * cal_extra[link] + pc.get("shard_cpu_total_s", 0.0)) / cores
                 if pairs:
                     cal_pairs = [(pred(q["compute_s"] + e)["step_s"], q["step_median_s"])
-                                 for q in ps if q.get("compute_s") is not None
-                                 and q.get("step_median_s")]
+                                 for q in paired]
                     pcal = {"step_s": statistics.median(x for x, _ in cal_pairs),
                             "ratio": statistics.median(x / y for x, y in cal_pairs)}
                 else:
@@ -678,8 +677,9 @@ def validate(args, costs):
               f"{w2}/{n2} with the seed-paired compute-only step (each seed's prediction from the "
               f"compute-only step of the same seed, median of the per-seed ratios), "
               f"{w4}/{n4} with the calibration's CPU (blind: the seed-paired compute-only step, "
-              f"or the calibration's where the seeds have none, plus W x the CPU a ddp-allreduce worker spent per step in the calibration's "
-              f"tries beyond the compute-only run's ("
+              f"or the calibration's where the seeds have none, plus W x the CPU a "
+              f"ddp-allreduce worker spent per step in the calibration's tries beyond the "
+              f"compute-only run's ("
               + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(cal_extra.items())
                           if v is not None) +
               f"), the same for every arm, plus the model's shard CPU, over the cores), "
