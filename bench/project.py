@@ -521,7 +521,7 @@ def calibration_cpu(root, calib, cpu0):
             try:
                 cpu = float(json.load(open(os.path.join(d, "summary.json")))["cpu_s_per_step"])
                 rate = json.load(open(os.path.join(d, "cluster.json"))).get("rate_mbit")
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
             every.append(cpu)
             if rate == calib[link].get("rate_mbit"):

@@ -13,7 +13,8 @@
 #     have a CPU figure; the calibration's-CPU one (blind) adds W x (the
 #     calibration's ddp-allreduce CPU per step at the kept rate - the
 #     compute-only run's), plus the model's shard CPU, over the cores, to
-#     each seed's compute step, and ignores a try at another rate;
+#     each seed's compute step, and ignores a try at another rate and one
+#     whose files are not JSON objects;
 #  4. --project paper: giftd needs W shard hosts at equal link rates;
 #  5. --cluster-json on a small fixture (written here): the shard CPU of the
 #     codecs it has is W x (push + pull) x its shard ns/payload byte, the
@@ -72,6 +73,10 @@ echo '{"cpu_s_per_step": 0.20}' >"$work/nc/calibration/starved.1/summary.json"
 echo '{"rate_mbit": 40}' >"$work/nc/calibration/starved.1/cluster.json"
 echo '{"cpu_s_per_step": 0.07}' >"$work/nc/calibration/starved.2/summary.json"
 echo '{"rate_mbit": 83}' >"$work/nc/calibration/starved.2/cluster.json"
+# and a try whose files are JSON but not objects: skipped, not a crash
+mkdir -p "$work/nc/calibration/starved.3"
+echo '{"cpu_s_per_step": 0.5}' >"$work/nc/calibration/starved.3/summary.json"
+echo '"83"' >"$work/nc/calibration/starved.3/cluster.json"
 "$py" "$proj" --costs "$work/costs.json" --validate "$work/nc" --json "$work/val.json" \
     --md "$work/val.md" >/dev/null
 "$py" "$proj" --costs "$work/costs.json" --project paper --json "$work/paper.json" >/dev/null
