@@ -11,7 +11,7 @@ worker samples windows from its own contiguous shard of the training bytes.
 Optimiser: Muon (momentum + Newton-Schulz orthogonalisation) for the 2-D
 weights of the transformer blocks, AdamW for embeddings, the output head and
 the norms; `--optim adamw` uses AdamW for all. Linear warm-up, then cosine
-decay to a tenth of the peak.
+decay to --lr-floor of the peak (default a tenth; 0 anneals to zero).
 
 Gradients are averaged through a giftd cluster by gift.torch's DDP
 communication hook (DDP itself runs on a gloo process group, which it only
@@ -224,7 +224,8 @@ def lr_factor(step, args):
     if step < args.warmup:
         return (step + 1) / args.warmup
     t = (step - args.warmup) / max(1, args.steps - args.warmup)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+    lo = args.lr_floor
+    return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
 
 # ---------------------------------------------------------------------- data
@@ -344,6 +345,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
     p.add_argument("--muon-lr", type=float, default=0.02, help="Muon peak learning rate")
+    p.add_argument("--lr-floor", type=float, default=0.1, metavar="F",
+                   help="the cosine decays to F times the peak at the last step (0..1; "
+                        "default 0.1, 0 anneals to zero)")
     p.add_argument("--wd", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--batch", type=int, default=16, help="sequences per worker per step")
     p.add_argument("--seq", type=int, default=128)
@@ -376,6 +380,8 @@ def parse_args(argv=None):
                    help="largest chunk in KiB of fp32 (0: GIFT_CHUNK_BYTES, else the "
                         "library's 4096)")
     args = p.parse_args(argv)
+    if not 0 <= args.lr_floor <= 1:
+        p.error(f"--lr-floor {args.lr_floor}: a fraction of the peak, 0..1")
     if not 0 <= args.chunk_kib <= 1 << 20:
         p.error(f"--chunk-kib {args.chunk_kib}: 0 (the default) or 1..1048576 KiB")
     return args
