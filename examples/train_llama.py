@@ -346,7 +346,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
     p.add_argument("--muon-lr", type=float, default=0.02, help="Muon peak learning rate")
     p.add_argument("--lr-floor", type=float, default=0.1, metavar="F",
-                   help="the cosine decays to F times the peak at the last step (0..1; "
+                   help="the cosine decays to F times the peak by the end of the run (0..1; "
                         "default 0.1, 0 anneals to zero)")
     p.add_argument("--wd", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--batch", type=int, default=16, help="sequences per worker per step")
