@@ -17,14 +17,21 @@
 # Calibration (once per DIR, DIR/calibration.json, for the --links asked): a compute-only step
 # (--comm none: DDP without communication, W workers on unshaped links) is
 # timed; the bytes an f32 ring allreduce sends per worker and step,
-# 2 (W-1)/W * 4 * params, set the rate at which that allreduce would take
-# 1/2 of the compute time ("paper": a third of an unoverlapped step, the
+# 2 (W-1)/W * 4 * params, set the first rate at which that allreduce would
+# take 1/2 of the compute time ("paper": a third of an unoverlapped step, the
 # regime of the GIFT paper's ~11% FP8 saving) or 3x the compute time
-# ("starved": commodity Ethernet between racks). ddp-allreduce is then timed
-# for 30 steps at that rate, and at up to four more, each moved towards the
-# wanted communication time (the step less the compute step), until one
-# lands within 15% of it; the nearest try's rate is kept, and every try is
-# written down (calibration.json "tries": [Mbit/s, step s]).
+# ("starved": commodity Ethernet between racks). Then up to six tries, each a
+# pair of runs back to back: `none` and ddp-allreduce at the try's rate, 80
+# steps each, medians after the first 10. A try's communication time is
+# ddp-allreduce's step less the compute step of its own pair (the compute
+# step drifts by some 5% between minutes on a shared machine, which is 15% of
+# the paper link's communication time), and the tries stop at the first one
+# within 7.5% of the wanted share; each next rate comes from
+# comm/compute = a + b / rate fitted to the tries so far (DDP overlaps its
+# buckets with the backward pass, and each bucket has a fixed cost). The
+# nearest try's rate is kept, and every try is written down
+# (calibration.json "tries": [Mbit/s, ddp-allreduce step s, compute step s]).
+# The report prints the share each table actually measured.
 #
 # Arms: none ddp-allreduce ddp-fp16 ddp-powersgd (PyTorch's default rank 1)
 # ddp-powersgd-match (the rank whose bytes per step match nvfp4's) f32 bf16
@@ -118,39 +125,40 @@ print(statistics.median(float(r["step_s"]) for r in rows))
 EOF
 }
 
-# cal_next TC WANT RATE:STEP...: from the tries so far (a rate and the
-# ddp-allreduce step it gave), prints "NEXT NEAREST WITHIN": the rate to try
-# next, the rate of the try nearest the wanted communication time (WANT x the
-# compute step TC) and 1 if that try is within 15% of it. The communication
-# time is not the bytes over the rate (DDP overlaps its buckets with the
-# backward pass, and each bucket has a fixed cost), so from the second try on
-# the next rate solves comm = a + b / rate fitted to the two nearest tries.
+# cal_next WANT RATE:STEP:TC...: from the tries so far (a rate, the
+# ddp-allreduce step it gave and the compute step of the same pair), prints
+# "NEXT NEAREST WITHIN": the rate to try next, the rate of the try whose
+# communication time (STEP - TC) / TC is nearest WANT, and 1 if that try is
+# within 7.5% of it. From the second rate on, the next rate solves
+# comm/compute = a + b / rate, least squares over every try.
 cal_next() {
     "$py" - "$@" <<'EOF'
 import math, sys
-tc = float(sys.argv[1])
-want = float(sys.argv[2]) * tc
-tries = [(float(r), max(1e-4, float(s) - tc)) for r, s in (a.split(":") for a in sys.argv[3:])]
+want = float(sys.argv[1])
+tries = [(float(r), max(1e-3, (float(s) - float(tc)) / float(tc)))
+         for r, s, tc in (a.split(":") for a in sys.argv[2:])]
 near = sorted(tries, key=lambda t: abs(math.log(t[1] / want)))
 (r1, c1) = near[0]
 rate = r1 * c1 / want
-if len(near) >= 2 and near[1][0] != r1:
-    (r2, c2) = near[1]
-    b = (c1 - c2) / (1 / r1 - 1 / r2)
-    a = c1 - b / r1
+xs = [1 / r for r, _ in tries]
+if len(set(xs)) >= 2:
+    mx, my = sum(xs) / len(xs), sum(c for _, c in tries) / len(tries)
+    b = (sum((x - mx) * (c - my) for x, (_, c) in zip(xs, tries))
+         / sum((x - mx) ** 2 for x in xs))
+    a = my - b * mx
     if b > 0 and want > a:
         rate = b / (want - a)
 rate = max(1, round(min(max(rate, r1 / 4), r1 * 4)))
-print(rate, round(r1), int(abs(c1 - want) <= 0.15 * want))
+print(rate, round(r1), int(abs(c1 - want) <= 0.075 * want))
 EOF
 }
 
 calibrate() {
-    local c="$out/calibration" tc params bytes
+    local c="$out/calibration" tc tck params bytes
     [[ -s $out/calibration.json ]] && return 0
     echo "== calibration: a compute-only step ($workers workers, unshaped)"
-    "${cluster[@]}" --out "$c/compute" --arm none --rate 0 --steps 40 -- "${train[@]}" >/dev/null
-    tc=$(median_step "$c/compute")
+    "${cluster[@]}" --out "$c/compute" --arm none --rate 0 --steps 80 -- "${train[@]}" >/dev/null
+    tc=$(median_step "$c/compute" 10)
     params=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["params"])' \
              "$c/compute/summary.json")
     bytes=$("$py" -c "print(2 * ($workers - 1) / $workers * 4 * $params)")
@@ -158,18 +166,22 @@ calibrate() {
     local l k rate s next near within
     for l in $links; do
         rate0[$l]=$("$py" -c "print(max(1, round($bytes * 8 / (${want[$l]} * $tc) / 1e6)))")
-        # Up to 5 tries of 30 ddp-allreduce steps; the nearest try's rate is kept.
+        # Up to 6 tries, each a none run and a ddp-allreduce run back to back.
         rate=${rate0[$l]} hist[$l]=""
-        for k in 1 2 3 4 5; do
+        for k in 1 2 3 4 5 6; do
+            "${cluster[@]}" --out "$c/compute.$l.$k" --arm none --rate 0 --steps 80 \
+                -- "${train[@]}" >/dev/null
+            tck=$(median_step "$c/compute.$l.$k" 10)
             "${cluster[@]}" --out "$c/$l.$k" --arm ddp-allreduce --rate "$rate" --delay "$delay" \
-                --steps 30 -- "${train[@]}" >/dev/null
-            s=$(median_step "$c/$l.$k")
+                --steps 80 -- "${train[@]}" >/dev/null
+            s=$(median_step "$c/$l.$k" 10)
             [[ $k == 1 ]] && meas[$l]=$s
-            hist[$l]="${hist[$l]} $rate:$s"
+            hist[$l]="${hist[$l]} $rate:$s:$tck"
             # shellcheck disable=SC2086
-            read -r next near within < <(cal_next "$tc" "${want[$l]}" ${hist[$l]})
-            echo "   $l try $k: $rate Mbit/s gave a $s s step (compute $tc s, communication wanted" \
-                 "${want[$l]}x); nearest $near Mbit/s$([[ $within == 1 ]] && echo ', within 15%')"
+            read -r next near within < <(cal_next "${want[$l]}" ${hist[$l]})
+            echo "   $l try $k: $rate Mbit/s gave a $s s step against a $tck s compute step" \
+                 "(communication wanted ${want[$l]}x the compute); nearest $near Mbit/s$(
+                     [[ $within == 1 ]] && echo ', within 7.5%')"
             rate1[$l]=$near
             [[ $within == 1 ]] && break
             rate=$next
@@ -186,7 +198,7 @@ calibrate() {
                 "$l" "${want[$l]}" "${rate0[$l]}"
             printf ' "ddp_allreduce_step_s_at_first": %s, "rate_mbit": %s, "tries": [%s]}' \
                 "${meas[$l]}" "${rate1[$l]}" \
-                "$(for t in ${hist[$l]}; do printf '[%s, %s]\n' "${t%%:*}" "${t#*:}"; done | paste -sd, -)"
+                "$(for t in ${hist[$l]}; do printf '[%s]\n' "${t//:/, }"; done | paste -sd, -)"
         done
         printf '}\n'
     } >"$out/calibration.json"
