@@ -142,8 +142,11 @@ def main(argv=None):
                       f"{link}: {calib[link]['rate_mbit']} Mbit/s per host (wanted: f32 allreduce "
                       f"{calib[link]['comm_x_compute_wanted']}x the compute; at the first rate, "
                       f"{calib[link]['rate_first_mbit']} Mbit/s, its step took "
-                      f"{calib[link]['ddp_allreduce_step_s_at_first'] * 1e3:.0f} ms)"
-                      for link in LINKS if link in calib) + ".")
+                      f"{calib[link]['ddp_allreduce_step_s_at_first'] * 1e3:.0f} ms"
+                      + (f"; calibrated {calib[link]['date']} against a "
+                         f"{calib[link]['compute_step_s'] * 1e3:.1f} ms compute step"
+                         if "compute_step_s" in calib[link] and "date" in calib[link] else "")
+                      + ")" for link in LINKS if link in calib) + ".")
         md.append("")
     for link in LINKS:
         ldir = os.path.join(args.out, link)

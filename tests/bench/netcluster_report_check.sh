@@ -12,7 +12,9 @@
 #     ddp-allreduce and nvfp4-gift at known step times and validation
 #     curves): ddp-allreduce's measured communication share is the mean over
 #     seeds of 1 - none's step / its step and is printed beside the wanted
-#     third; times to target and the x ddp-allreduce ratio follow the curves.
+#     third; times to target and the x ddp-allreduce ratio follow the curves;
+#     a link whose calibration entry has its own date and compute step (one
+#     calibrated apart from the other) prints them.
 # Exit 77 (skipped) without /usr/bin/python3.
 set -euo pipefail
 
@@ -43,7 +45,8 @@ cat >"$nc.calibration.json" <<'EOF'
 {"compute_step_s": 0.066, "params": 1000, "f32_allreduce_bytes_per_worker": 4000,
  "workers": 2, "delay_ms": 0.25, "date": "2026-12-05T00:00:00Z", "nproc": 2, "cpu": "test",
  "paper": {"comm_x_compute_wanted": 0.5, "rate_first_mbit": 400,
-           "ddp_allreduce_step_s_at_first": 0.1, "rate_mbit": 380, "tries": [[400, 0.1, 0.066]]}}
+           "ddp_allreduce_step_s_at_first": 0.1, "rate_mbit": 380, "tries": [[400, 0.1, 0.066]],
+           "compute_step_s": 0.064, "date": "2026-12-04T00:00:00Z"}}
 EOF
 mkdir -p "$nc" && mv "$nc.calibration.json" "$nc/calibration.json"
 "$py" - "$nc" <<'PY' || fail "writing the synthetic folder"
@@ -87,5 +90,7 @@ assert abs(g["ttt_x_ddp_allreduce"] - x) < 1e-6, f"x ddp-allreduce {g['ttt_x_ddp
 md = open(sys.argv[1] + "/table.md").read()
 line = "ddp-allreduce waited for communication 33% of its step"
 assert line in md and "the setting wants 33%" in md, md[:2000]
+# A link calibrated apart from the others says when and against what.
+assert "calibrated 2026-12-04T00:00:00Z against a 64.0 ms compute step" in md, md[:800]
 PY
 echo "netcluster report: ok"
