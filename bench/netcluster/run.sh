@@ -121,7 +121,7 @@ median_step() {
     "$py" - "$1/log.csv" "${2:-5}" <<'EOF'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))[int(sys.argv[2]):]
-print(statistics.median(float(r["step_s"]) for r in rows))
+print(f"{statistics.median(float(r['step_s']) for r in rows):.6g}")
 EOF
 }
 
