@@ -273,7 +273,7 @@ def main(argv=None):
         dr = [p for p in arms.get("ddp-allreduce", []) if p["seed"] in comp]
         if dr:
             lrep["ddp_allreduce_comm_share"] = statistics.mean(
-                1 - comp[p["seed"]] / p["step_median_s"] for p in dr)
+                p["comm_wait_s"] / p["step_median_s"] for p in dr)
         if link in calib:
             w = calib[link]["comm_x_compute_wanted"]
             lrep["comm_share_wanted"] = w / (1 + w)
