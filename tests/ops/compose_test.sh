@@ -159,12 +159,12 @@ for img in giftd:latest giftd-worker:latest; do
 done
 
 # --- the cluster's settings ----------------------------------------------------
+# The README's way: docker/make-key.sh writes a fresh key (mode 600, owner
+# 10001 as root) where there is none.
 key=$work/giftd_auth_key
-head -c 32 /dev/urandom | base64 >"$key"
-chmod 600 "$key"
-if [[ $(id -u) -eq 0 ]]; then
-    chown 10001:10001 "$key"
-else   # a member of group docker: let a container give it to uid 10001
+"$src/docker/make-key.sh" "$key" 2>/dev/null
+[[ $(stat -c %a "$key") == 600 ]] || fail "make-key.sh: $key has mode $(stat -c %a "$key"), not 600"
+if [[ $(id -u) -ne 0 ]]; then   # a member of group docker: let a container give it to uid 10001
     docker run --rm --network none -v "$work:/k" --entrypoint chown debian:bookworm-slim \
         10001:10001 /k/giftd_auth_key
 fi
