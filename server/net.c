@@ -555,10 +555,78 @@ static void on_http_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(hc->req + hc->len, (unsigned)(sizeof hc->req - 1 - hc->len));
 }
 
+/* Is c a token character of an HTTP method (RFC 9110 tchar)? */
+static int http_tchar(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+           (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* Checks the len bytes of a request head received so far, before it is
+ * complete, so that garbage is answered at once rather than at the idle
+ * timeout: the request line must be METHOD SP TARGET SP HTTP/x.y CRLF (a
+ * method of 1..15 token characters, a target of visible ASCII), at most
+ * HTTP_MAX_LINE bytes, and no byte of the head may be NUL or a control
+ * character other than HTAB, CR and LF. Returns 0 when the bytes so far
+ * can still begin a valid request, or -1 with why in *why (a static string,
+ * the 400's one-line body). */
+#define HTTP_MAX_LINE 1024
+static int http_head_check(const char *req, size_t len, const char **why)
+{
+    size_t i, m = 0, t = 0, v = 0;
+    int part = 0; /* 0 method, 1 target, 2 version, 3 after the request line */
+    static const char version[] = "HTTP/d.d\r\n";
+
+    for (i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)req[i];
+        if (c == 0 || c == 0x7f || (c < 0x20 && c != '\t' && c != '\r' && c != '\n')) {
+            *why = "bad request: NUL or control byte in the request\n";
+            return -1;
+        }
+        if (part == 3)
+            continue;
+        if (i >= HTTP_MAX_LINE) {
+            *why = "bad request: request line over 1024 bytes\n";
+            return -1;
+        }
+        if (part == 0) {
+            if (c == ' ' && m > 0) {
+                part = 1;
+            } else if (!http_tchar(c) || ++m > 15) {
+                *why = "bad request: not an HTTP request line (want METHOD SP TARGET SP "
+                       "HTTP/1.1)\n";
+                return -1;
+            }
+        } else if (part == 1) {
+            if (c == ' ' && t > 0) {
+                part = 2;
+            } else if (c <= ' ' || c >= 0x7f) {
+                *why = "bad request: not an HTTP request line (want METHOD SP TARGET SP "
+                       "HTTP/1.1)\n";
+                return -1;
+            } else {
+                t++;
+            }
+        } else {
+            char want = version[v];
+            int fits = want == 'd' ? (c >= '0' && c <= '9') : c == (unsigned char)want;
+            if (!fits) {
+                *why = "bad request: not an HTTP request line (want METHOD SP TARGET SP "
+                       "HTTP/1.1)\n";
+                return -1;
+            }
+            if (version[++v] == '\0')
+                part = 3;
+        }
+    }
+    return 0;
+}
+
 static void on_http_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
     http_conn_t *hc = st->data;
     gift_server_t *s = hc->srv;
+    const char *why;
     uv_buf_t out;
 
     (void)buf;
@@ -568,6 +636,16 @@ static void on_http_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
     }
     hc->len += (size_t)n;
     hc->req[hc->len] = '\0';
+    if (http_head_check(hc->req, hc->len, &why) < 0) {
+        /* Garbage: answered at once, not left to the idle timeout. */
+        uv_read_stop(st);
+        hc->answered = 1;
+        gift_str_printf(&hc->resp,
+                        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n"
+                        "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                        strlen(why), why);
+        goto send;
+    }
     if (strstr(hc->req, "\r\n\r\n") == NULL) {
         if (hc->len >= sizeof hc->req - 1) {
             static const char too_big[] = "HTTP/1.1 431 Request Header Fields Too Large\r\n"

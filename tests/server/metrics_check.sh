@@ -2,7 +2,8 @@
 # metrics_check.sh GIFTD: starts giftd on 127.0.0.1 (free ports), scrapes
 # /metrics with curl and runs `promtool check metrics` on it, once idle and
 # once after some traffic (a client that sends garbage and gets an Error
-# frame, so the error counters and labels are rendered too).
+# frame, so the error counters and labels are rendered too). Garbage on the
+# HTTP port gets a 400 at once (with python3).
 # Exit 77 (skipped) when curl or promtool is missing. The daemon is always
 # killed on the way out.
 set -euo pipefail
@@ -90,6 +91,59 @@ grep -q '^giftd_errors_total{code="-8",.*} 1$' "$work/traffic" ||
     fail "traffic: no giftd_errors_total for GIFT_EBADMAGIC"
 grep -Eq '^giftd_frames_total\{direction="out"\} [1-9]' "$work/traffic" ||
     fail "traffic: giftd_frames_total{direction=\"out\"} did not count the Error frame"
+
+# Garbage on the HTTP port is answered at once with a 400 (Content-Length,
+# Connection: close, a one-line body) and closed, well before the idle
+# timeout (http_timeout, 2 s); an unknown path keeps its 404, another method
+# its 405, and a request sent in pieces is still served. Skipped without
+# python3.
+if command -v python3 >/dev/null 2>&1; then
+    python3 - "$http_port" <<'PY' || fail "HTTP port: garbage not answered with 400 at once"
+import socket, sys, time
+port = int(sys.argv[1])
+
+def ask(pieces, want, limit=1.0):
+    """Sends pieces (0.05 s apart), reads to EOF; want: the status code."""
+    t0 = time.monotonic()
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    for i, p in enumerate(pieces):
+        if i:
+            time.sleep(0.05)
+        s.sendall(p)
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+    s.close()
+    dt = time.monotonic() - t0
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = lines[0].decode(errors="replace")
+    assert status.startswith("HTTP/1.1 %d " % want), (pieces[0][:40], status, data[:200])
+    assert dt < limit, (pieces[0][:40], "answered after %.2f s" % dt)
+    hdrs = {l.split(b":")[0].lower(): l.split(b":", 1)[1].strip() for l in lines[1:]}
+    assert int(hdrs[b"content-length"]) == len(body), (status, hdrs, body)
+    assert hdrs[b"connection"] == b"close", hdrs
+    if want == 400:
+        assert body.endswith(b"\n") and body.count(b"\n") == 1 and body.startswith(b"bad request"), body
+    print("metrics_check: %-28r -> %s in %.3f s: %s" % (pieces[0][:28], status, dt, body.strip().decode()))
+
+ask([b"\0" * 64], 400)
+ask([bytes(range(128, 256))], 400)
+ask([b"GARBAGE GARBAGE GARBAGE"], 400)
+ask([b"GET /" + b"a" * 2000], 400)
+ask([b"GET /livez HTTP/1.1\r\nHost: x\0\r\n"], 400)
+ask([b"GET /livez\r\n\r\n"], 400)
+ask([b"\r\n\r\n"], 400)
+ask([b"GET /nope HTTP/1.1\r\n\r\n"], 404)
+ask([b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n"], 405)
+ask([b"GE", b"T /li", b"vez HTTP/1", b".1\r\nHost: x\r\n", b"\r\n"], 200)
+PY
+else
+    echo "metrics_check: python3 not found; HTTP garbage not checked" >&2
+fi
 
 # SIGHUP re-reads the configuration and applies its log level (here the
 # environment's): the daemon logs the new level and keeps serving.
