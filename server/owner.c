@@ -98,11 +98,29 @@ int gift__owner_sketch_check(tensor_t *t, const Gift__Sketch *m, uint32_t rank, 
         snprintf(why, whylen, "sketch trace %g is not a finite non-negative number", m->trace);
         return GIFT_EBADCODE;
     }
+    /* The world's sketches are summed in f32 and their traces build the
+     * epoch: a trace above GIFT_SKETCH_TRACE_MAX (far above any layer's
+     * E|a|^2) would overflow that sum, so it is refused here rather than
+     * accepted and then fail the epoch's build for every worker. */
+    if (m->trace > GIFT_SKETCH_TRACE_MAX) {
+        snprintf(why, whylen, "sketch trace %g is above %g, the largest a sketch may carry",
+                 m->trace, GIFT_SKETCH_TRACE_MAX);
+        return GIFT_EBADCODE;
+    }
     for (size_t i = 0; i < ny; i++) {
         float y;
         memcpy(&y, Y + 4 * i, 4);
         if (!isfinite(y)) {
             snprintf(why, whylen, "sketch holds NaN or Inf at element %zu", i);
+            return GIFT_EBADCODE;
+        }
+        /* Y = A Q with A positive semi-definite and Q orthonormal, so
+         * |Y_ij| <= |A|_2 <= tr(A); twice that leaves room for rounding. */
+        if (fabs((double)y) > 2.0 * m->trace + 1e-30) {
+            snprintf(why, whylen,
+                     "sketch element %zu is %g, above twice its trace %g (a sketch A.Q of an "
+                     "orthonormal Q is bounded by the trace of A)",
+                     i, (double)y, m->trace);
             return GIFT_EBADCODE;
         }
     }

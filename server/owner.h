@@ -18,6 +18,11 @@
 
 #include "store.h"
 
+/* The largest trace a sketch may carry: far above any layer's E|a|^2, and
+ * low enough that 65536 ranks' sketches (each bounded by twice it) sum in
+ * f32 without overflow. */
+#define GIFT_SKETCH_TRACE_MAX 1e30
+
 /* The epoch the owner expects for pushes of step: the newest whose
  * valid_from is not after it (the oldest kept one before any). */
 uint32_t gift__owner_epoch_for_step(const tensor_t *t, uint64_t step);
