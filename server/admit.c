@@ -149,29 +149,45 @@ int gift__admit_geometry_shape(const gift_shard_t *s, tensor_t *t, const Gift__T
     return 0;
 }
 
-/* The newest base step over the shard's started chunks (0 when none). */
+/* The newest base step over the shard's anchored chunks (0 when none): a
+ * tentative window, placed by one push with no step finished, says nothing
+ * about what the shard finished. */
 uint64_t gift__admit_newest_base(const gift_shard_t *s)
 {
     uint64_t b = 0;
     for (size_t i = 0; i < s->nchunks; i++)
-        if (s->chunks[i].started && s->chunks[i].base > b)
+        if (s->chunks[i].started && !s->chunks[i].tentative && s->chunks[i].base > b)
             b = s->chunks[i].base;
     return b;
 }
 
-/* The first push of a chunk fixes its window, so it may be at most
- * max_step_ahead past the newest base step of the shard. Returns 0, or
- * GIFT_ESTEP after answering it. */
+/* The lowest open step of the shard: the smallest base step over its
+ * anchored chunks, those that finished a step or were restored (0 when
+ * none is). A tentative window, placed by one push alone, anchors nothing. */
+uint64_t gift__admit_lowest_base(const gift_shard_t *s)
+{
+    uint64_t b = UINT64_MAX;
+    for (size_t i = 0; i < s->nchunks; i++)
+        if (s->chunks[i].started && !s->chunks[i].tentative && s->chunks[i].base < b)
+            b = s->chunks[i].base;
+    return b == UINT64_MAX ? 0 : b;
+}
+
+/* The first push of a chunk places its window, so it may be at most
+ * max_step_ahead past the lowest open step of the whole shard: counted from
+ * the newest, or from windows placed by one push, one chunk placed far
+ * ahead would let the next go further, and the limit would chain. Returns
+ * 0, or GIFT_ESTEP after answering it. */
 int gift__admit_first_step(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const Gift__Push *m)
 {
-    uint64_t newest = gift__admit_newest_base(s);
-    if (m->step <= newest || m->step - newest <= s->o.max_step_ahead)
+    uint64_t lowest = gift__admit_lowest_base(s);
+    if (m->step <= lowest || m->step - lowest <= s->o.max_step_ahead)
         return 0;
     send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
                "push for step %" PRIu64 " is the first of tensor %u chunk %u and more than "
-               "max_step_ahead (%" PRIu64 ") past this shard's newest step %" PRIu64
+               "max_step_ahead (%" PRIu64 ") past this shard's lowest open step %" PRIu64
                "; raise max_step_ahead (--max-step-ahead) if the run really starts there",
-               m->step, ch->t->key, ch->id, s->o.max_step_ahead, newest);
+               m->step, ch->t->key, ch->id, s->o.max_step_ahead, lowest);
     return GIFT_ESTEP;
 }
 
@@ -244,8 +260,11 @@ int gift__admit_resume(gift_shard_t *s, gift_peer_t *p, uint64_t resume)
                    resume - 1, held);
     /* The workers already back (none had pulled from it: it has finished no
      * step) wait for a step the refused one will never push: tell them now
-     * rather than at their timeout. */
-    for (uint32_t r = 0; newest == 0 && r < s->by_rank_len; r++) {
+     * rather than at their timeout, but only when the refused Hello proved
+     * the cluster's key. Without authentication anyone can send any
+     * resume_step, and what a connection that is not a member says must not
+     * end the others' run: it is refused alone. */
+    for (uint32_t r = 0; s->o.auth != NULL && newest == 0 && r < s->by_rank_len; r++) {
         gift_peer_t *q = s->by_rank[r];
         if (q != NULL && q != p && !q->closing)
             send_error(s, q, GIFT_ESTATE, 1, 0, 0, resume - 1, 0,

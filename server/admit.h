@@ -45,8 +45,14 @@ int gift__admit_geometry_shape(const gift_shard_t *s, tensor_t *t, const Gift__T
                                char *why, size_t whylen);
 
 /* A chunk's first push m may be at most max_step_ahead past the shard's
- * newest step. Returns 0, or GIFT_ESTEP after sending p the Error. */
+ * lowest open step (gift__admit_lowest_base), so that chunks placed ahead
+ * cannot chain the limit. Returns 0, or GIFT_ESTEP after sending p the
+ * Error. */
 int gift__admit_first_step(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const Gift__Push *m);
+
+/* The lowest base step over the shard's anchored chunks (started, and a
+ * step finished or restored; 0 when none is). */
+uint64_t gift__admit_lowest_base(const gift_shard_t *s);
 
 /* The newest base step over the shard's started chunks: the newest
  * finished step + 1 (0 when none has finished). */

@@ -171,11 +171,15 @@ static int render_work(const gift_shard_counters_t *c, gift_str_t *out)
       "giftd_stalls_total %llu\n"
       "# HELP giftd_epochs_published_total Geometry epochs published.\n"
       "# TYPE giftd_epochs_published_total counter\n"
-      "giftd_epochs_published_total %llu\n",
+      "giftd_epochs_published_total %llu\n"
+      "# HELP giftd_window_moves_total Chunk windows placed by a first push far ahead of the\n"
+      "# members and moved down to a member's first step (its pushes dropped).\n"
+      "# TYPE giftd_window_moves_total counter\n"
+      "giftd_window_moves_total %llu\n",
       (unsigned long long)c->pushes, (unsigned long long)c->duplicates,
       (unsigned long long)c->pulls, (unsigned long long)c->sketches,
       (unsigned long long)c->steps_finished, (unsigned long long)c->stalls,
-      (unsigned long long)c->epochs_published);
+      (unsigned long long)c->epochs_published, (unsigned long long)c->window_moves);
     P("# HELP giftd_step_latency_seconds Time from a chunk step's first push to its last.\n"
       "# TYPE giftd_step_latency_seconds histogram\n");
     for (int b = 0; b < GIFT_LAT_BUCKETS; b++) {

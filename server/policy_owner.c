@@ -411,7 +411,7 @@ int gift__pol_push_codecs(const chunk_t *ch, const Gift__Push *m, gift_codec_par
     return 0;
 }
 
-int gift__pol_step_codecs(const chunk_t *ch, slot_t *sl, uint32_t epoch,
+int gift__pol_step_codecs(const chunk_t *ch, slot_t *sl, uint64_t step, uint32_t epoch,
                           const gift_codec_params_t *push, const gift_codec_params_t *pull,
                           size_t push_len, size_t pull_len, char *why, size_t whylen)
 {
@@ -432,9 +432,9 @@ int gift__pol_step_codecs(const chunk_t *ch, slot_t *sl, uint32_t epoch,
     }
     if (!same_codec(push, wp) || !same_codec(pull, wl)) {
         snprintf(why, whylen,
-                 "push of tensor %u step under epoch %u is %s, pulled as %s; the step uses %s, "
-                 "pulled as %s",
-                 t->key, epoch, gift_format_name(push->fmt), gift_format_name(pull->fmt),
+                 "push of tensor %u step %" PRIu64 " under epoch %u is %s, pulled as %s; the "
+                 "step uses %s, pulled as %s",
+                 t->key, step, epoch, gift_format_name(push->fmt), gift_format_name(pull->fmt),
                  gift_format_name(wp->fmt), gift_format_name(wl->fmt));
         return GIFT_ECODEC;
     }

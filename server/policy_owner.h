@@ -87,7 +87,7 @@ int gift__pol_push_codecs(const chunk_t *ch, const Gift__Push *m, gift_codec_par
 /* Whether the codecs of an accepted push of step (epoch) fit the step: the
  * epoch's decision on the owner, the step's first push elsewhere. Fixes
  * the slot's codecs on the step's first push. 0 or GIFT_ECODEC. */
-int gift__pol_step_codecs(const chunk_t *ch, slot_t *sl, uint32_t epoch,
+int gift__pol_step_codecs(const chunk_t *ch, slot_t *sl, uint64_t step, uint32_t epoch,
                           const gift_codec_params_t *push, const gift_codec_params_t *pull,
                           size_t push_len, size_t pull_len, char *why, size_t whylen);
 

@@ -690,6 +690,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         sl->t_first = 0;
         sl->warned = 0;
         ch->base++;
+        ch->tentative = 0;
         s->c.steps_finished++;
         /* Wake the pulls that waited for this step. */
         for (parked_t *q = r->durable ? ch->parked : NULL, *next; q != NULL; q = next) {
@@ -714,6 +715,68 @@ static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, 
     return gift__agg_ordered_add(ch, sl, s->world,
                                  hits_step(s, step) || gift__pol_wants_mean(ch, step), step,
                                  epoch, now, rank, payload, len, s->c.pass_bytes);
+}
+
+/* Whether rank pushed into either step of ch's window. */
+static int window_has_rank(const gift_shard_t *s, const chunk_t *ch, uint32_t rank)
+{
+    return (s->words > 0 && rank / 64 < s->words) &&
+           (bit_get(ch->slot[0].ranks, rank) || bit_get(ch->slot[1].ranks, rank));
+}
+
+/*
+ * A tentative window (no step of ch has finished) was placed by the first
+ * push that reached it; a rank that has not pushed into it now pushes an
+ * earlier step. Members of one run start at the same step, so the window
+ * was placed by a connection far ahead of the members (a stranger's push
+ * for step 999,999 before the real step 0): the window moves down to step,
+ * the pushes it held are dropped with one log line naming their ranks and
+ * steps, and the pulls parked on them are answered with GIFT_ESTEP, so that
+ * nothing dropped stays silent. p's push is then handled as the first of
+ * the new window.
+ */
+static void window_move(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, uint64_t step)
+{
+    uint64_t old = ch->base;
+    char ranks[96];
+    size_t off = 0;
+
+    ranks[0] = '\0';
+    for (int i = 0; i < 2; i++) {
+        slot_t *sl = &ch->slot[i];
+        for (uint32_t r = 0; r < s->world && off + 12 < sizeof ranks; r++)
+            if (bit_get(sl->ranks, r))
+                off += (size_t)snprintf(ranks + off, sizeof ranks - off, "%s%u", off ? "," : "", r);
+        memset(sl->ranks, 0, s->words * sizeof(uint64_t));
+        sl->count = 0;
+        sl->next = 0;
+        sl->fused = 0;
+        sl->epoch = -1;
+        sl->t_first = 0;
+        sl->warned = 0;
+    }
+    GIFT_LOG_WARN(p->id,
+                  "tensor %u chunk %u: rank %u's first push is for step %" PRIu64
+                  ", below the window %" PRIu64 "..%" PRIu64 " that the first push placed "
+                  "(ranks %s, no step finished): the window moves to step %" PRIu64
+                  " and those pushes are dropped",
+                  ch->t->key, ch->id, p->rank, step, old, old + 1, ranks[0] ? ranks : "none",
+                  step);
+    ch->started = 0;
+    ch->tentative = 0;
+    ch->base = step;
+    s->c.window_moves++;
+    for (parked_t *q = ch->parked, *next; q != NULL; q = next) {
+        gift_peer_t *qp = q->peer;
+        uint64_t qstep = q->step, seq = q->seq;
+        next = q->cnext;
+        gift__parked_unlink(s, q);
+        send_error(s, qp, GIFT_ESTEP, 0, ch->t->key, ch->id, qstep, seq,
+                   "pull for step %" PRIu64 " of tensor %u chunk %u: the window moved to step "
+                   "%" PRIu64 ", where the members' first pushes are; the pushes of steps "
+                   "%" PRIu64 "..%" PRIu64 " were dropped",
+                   qstep, ch->t->key, ch->id, step, old, old + 1);
+    }
 }
 
 static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, const gift_frame_t *f)
@@ -752,6 +815,8 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
      * 10^12 would make every real push a duplicate). */
     if (!ch->started && (rc = gift__admit_first_step(s, p, ch, m)) < 0)
         return 0;
+    if (ch->started && ch->tentative && m->step < ch->base && !window_has_rank(s, ch, p->rank))
+        window_move(s, p, ch, m->step);
     base = ch->started ? ch->base : m->step;
     if (m->step < base) {
         dup = 1;
@@ -791,7 +856,7 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                            m->epoch, m->step, m->key, want);
                 return 0;
             }
-            if (gift__pol_step_codecs(ch, sl, m->epoch, &cp, &lp, plen, llen, why, sizeof why) <
+            if (gift__pol_step_codecs(ch, sl, m->step, m->epoch, &cp, &lp, plen, llen, why, sizeof why) <
                 0) {
                 send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq, "%s", why);
                 return 0;
@@ -816,6 +881,7 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
             }
             if (!ch->started) {
                 ch->started = 1;
+                ch->tentative = 1;
                 ch->base = base;
             }
             bit_set(sl->ranks, p->rank);
@@ -1077,8 +1143,21 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
                    gift_msg_name(env), f->payload_len);
         return GIFT_EPROTO;
     }
-    if (env->msg_case == GIFT__ENVELOPE__MSG_HELLO)
+    if (env->msg_case == GIFT__ENVELOPE__MSG_HELLO) {
+        /* protobuf-c ends a string at its first NUL, so "runA\0evil" would
+         * be read as run "runA": a Hello that does not pack back to its own
+         * length (a NUL in a string, or an encoding no protobuf-c client
+         * writes) is refused rather than read as something it does not say. */
+        if (gift__envelope__get_packed_size(env) != f->header_len) {
+            send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0,
+                       "Hello of %" PRIu64 " header bytes reads back as %zu: a string in it "
+                       "(run id, client name) holds a NUL byte, or it is not canonically "
+                       "encoded",
+                       (uint64_t)f->header_len, gift__envelope__get_packed_size(env));
+            return GIFT_EPROTO;
+        }
         return handle_hello(s, p, env->hello);
+    }
     if (!p->hello) {
         int code = s->o.auth ? GIFT_EAUTH : GIFT_EPROTO;
         send_error(s, p, code, 1, 0, 0, 0, 0, "%s before %s", gift_msg_name(env),

@@ -167,6 +167,7 @@ typedef struct gift_shard_counters {
     uint64_t pushes, duplicates, pulls, sketches, steps_finished, epochs_published;
     uint64_t pass_bytes[GIFT_SPASS_KINDS];
     uint64_t stalls; /* chunk steps that waited past stall_warn */
+    uint64_t window_moves; /* tentative windows moved down by a member's first push */
     /* Persistence. */
     uint64_t checkpoints, checkpoint_failures, log_records, log_bytes, log_failures;
     uint64_t restored_step; /* oldest unfinished step after a restore (0: none) */

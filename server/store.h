@@ -72,6 +72,10 @@ typedef struct chunk {
     gift_layout_t push_l, pull_l;
     size_t pay_stride; /* push_l.total rounded up to 64 bytes */
     int started;
+    /* The window was placed by a push and no step of it has finished yet
+     * (a restored chunk never is): one rank's first frame has not anchored
+     * it, and a member's lower first push moves it (shard.c, window_move). */
+    int tentative;
     uint64_t base;
     slot_t slot[2];        /* slot[step & 1] for steps base and base + 1 */
     reply_t reply[2];      /* reply[step & 1] for the last two finished steps */

@@ -433,6 +433,65 @@ START_TEST(test_raw_reset)
 }
 END_TEST
 
+/* Under a key, a refused Hello whose resume_step says another worker has a
+ * step this shard never finished (it restarted empty, before its first
+ * step) proves the cluster's key: the ranks already back are told at once
+ * (fatal ESTATE), not at their timeout. Without a key the same Hello is
+ * refused alone (test_hostile.c's stranger). */
+START_TEST(test_resume_race_auth)
+{
+    const char *extra[] = {"--auth-key-file", key_path(), "--world-size", "2", NULL};
+    char err[256], warn[256];
+    raw_t a, b;
+    ck_assert_msg(gift_auth_key_load(extra[1], &K, err, sizeof err, warn, sizeof warn) == 0, "%s",
+                  err);
+    daemon_start(extra);
+    raw_open(&a);
+    raw_hello_auth(&a, &K, 0, 2);
+    { /* rank 0 declares: its connection is now the member of rank 0 */
+        Gift__Envelope env = GIFT__ENVELOPE__INIT;
+        Gift__Declare d = GIFT__DECLARE__INIT;
+        Gift__TensorDecl t = GIFT__TENSOR_DECL__INIT, *tp = &t;
+        Gift__ChunkDecl ch = GIFT__CHUNK_DECL__INIT, *cp = &ch;
+        uint8_t dg[8];
+        t.name = (char *)"w";
+        t.rows = 8;
+        t.cols = 32;
+        ch.rows = 8;
+        gift_digest_bytes(gift_digest_tensors(&tp, 1), dg);
+        d.tensors = &tp;
+        d.n_tensors = 1;
+        d.chunks = &cp;
+        d.n_chunks = 1;
+        d.digest.data = dg;
+        d.digest.len = 8;
+        env.msg_case = GIFT__ENVELOPE__MSG_DECLARE;
+        env.declare = &d;
+        ck_assert_msg(raw_send(&a, &env, NULL, 0) == 0, "send declare");
+        raw_expect(&a, GIFT__ENVELOPE__MSG_DECLARE_ACK, "rank 0's declare");
+    }
+    raw_open(&b);
+    raw_resume_step = 1;
+    {
+        uint8_t cn[GIFT_AUTH_NONCE_BYTES], sn[GIFT_AUTH_NONCE_BYTES], mac[GIFT_AUTH_MAC_BYTES];
+        const gift_frame_t *f;
+        ck_assert(gift_auth_nonce(cn) == 0);
+        raw_send_hello(&b, 1, 2, cn, NULL);
+        f = raw_expect(&b, GIFT__ENVELOPE__MSG_AUTH_CHALLENGE, "first hello");
+        memcpy(sn, f->env->auth_challenge->server_nonce.data, sizeof sn);
+        raw_hello_mac(&K, sn, 1, 2, cn, mac);
+        raw_send_hello(&b, 1, 2, cn, mac);
+    }
+    raw_resume_step = 0;
+    raw_expect_error(&b, GIFT_ESTATE, 1, "an authenticated Hello with resume_step 1");
+    raw_expect_error(&a, GIFT_ESTATE, 1, "rank 0, told of rank 1's refusal");
+    raw_close(&a);
+    raw_close(&b);
+    daemon_stop();
+    daemon_teardown();
+}
+END_TEST
+
 static void teardown(void)
 {
     if (D.pid > 0)
@@ -453,6 +512,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_client_refused);
     tcase_add_test(tc, test_client_reconnect);
     tcase_add_test(tc, test_raw_reset);
+    tcase_add_test(tc, test_resume_race_auth);
     suite_add_tcase(s, tc);
     return s;
 }

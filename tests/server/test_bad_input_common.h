@@ -212,6 +212,9 @@ static inline void raw_expect_error(raw_t *c, int code, int fatal, const char *w
         raw_expect_eof(c, what);
 }
 
+/* The resume_step raw_send_hello and raw_hello_mac put in the Hello (0). */
+static uint64_t raw_resume_step;
+
 static inline void raw_send_hello(raw_t *c, uint32_t rank, uint32_t world, const uint8_t *cnonce,
                                   const uint8_t *mac)
 {
@@ -220,6 +223,7 @@ static inline void raw_send_hello(raw_t *c, uint32_t rank, uint32_t world, const
     h.protocol_version = GIFT_PROTOCOL_VERSION;
     h.rank = rank;
     h.world_size = world;
+    h.resume_step = raw_resume_step;
     h.client_name = (char *)"raw-test";
     if (cnonce) {
         h.client_nonce.data = (uint8_t *)cnonce;
@@ -242,6 +246,7 @@ static inline void raw_hello_mac(const gift_auth_key_t *key, const uint8_t *snon
     h.protocol_version = GIFT_PROTOCOL_VERSION;
     h.rank = rank;
     h.world_size = world;
+    h.resume_step = raw_resume_step;
     h.client_nonce.data = (uint8_t *)cnonce;
     h.client_nonce.len = GIFT_AUTH_NONCE_BYTES;
     gift_auth_hello_mac(key, snonce, &h, mac);

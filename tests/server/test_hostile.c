@@ -19,6 +19,10 @@
  *            of 4e9 on a shard that does not own the geometry.
  *   auth     a worker holding rank 1's key cannot speak as rank 0; its
  *            authenticated reconnect replaces its old connection.
+ *   stranger a first push far ahead of the members (moved back by their
+ *            own first pushes; the limit does not chain), a Hello claiming
+ *            progress before the first step (refused alone), a run id with
+ *            a NUL byte.
  *   churn    rounds of bad connections; RSS before and after each round.
  *
  * Every test starts its own giftd on 127.0.0.1 with port 0 (Check forks per
@@ -701,6 +705,95 @@ START_TEST(test_hostile_auth)
 END_TEST
 
 /* ------------------------------------------------------------------ */
+/* 5c. Strangers cannot change the run's state                           */
+/* ------------------------------------------------------------------ */
+
+/* Sends a Hello of rank / world with resume_step and run_id, packed by
+ * hand; when nul is set, the byte of run_id at nul is made a NUL on the
+ * wire (protobuf-c cannot pack one). */
+static void send_hello_ex(raw_t *c, uint32_t rank, uint32_t world, uint64_t resume,
+                          const char *run_id, int nul)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__Hello h = GIFT__HELLO__INIT;
+    uint8_t buf[512];
+    size_t n;
+    h.protocol_version = GIFT_PROTOCOL_VERSION;
+    h.rank = rank;
+    h.world_size = world;
+    h.client_name = (char *)"stranger";
+    h.resume_step = resume;
+    h.run_id = (char *)run_id;
+    env.msg_case = GIFT__ENVELOPE__MSG_HELLO;
+    env.hello = &h;
+    n = gift__envelope__get_packed_size(&env);
+    ck_assert_msg(n + 16 <= sizeof buf, "Hello of %zu bytes", n);
+    memcpy(buf, GIFT_FRAME_MAGIC, 4);
+    for (int i = 0; i < 4; i++)
+        buf[4 + i] = (uint8_t)(n >> (8 * i));
+    memset(buf + 8, 0, 8);
+    gift__envelope__pack(&env, buf + 16);
+    if (nul >= 0) {
+        uint8_t *at = memmem(buf + 16, n, run_id, strlen(run_id));
+        ck_assert_msg(at != NULL, "run id '%s' not found in the packed Hello", run_id);
+        at[nul] = 0;
+    }
+    ck_assert_msg(raw_send_bytes(c, buf, 16 + n) == 0, "send hello: %s", strerror(errno));
+}
+
+START_TEST(test_hostile_stranger)
+{
+    static const char *const flags[] = {"--world-size", "2", NULL};
+    pair_t p;
+    raw_t a;
+    float x[N];
+    char log[65536];
+
+    daemon_start(flags);
+    /* Rank 0 is here; before rank 1, a stranger takes its free seat and
+     * places tensor 0's window at step 999,999 (below max_step_ahead 10^6
+     * from step 0): accepted, but tentative. */
+    memset(&p, 0, sizeof p);
+    pair_join(&p, 0);
+    raw_open(&a);
+    raw_hello(&a, 1, 2);
+    declare_std(&a);
+    fill(x, 1, 0);
+    send_push(&a, 0, 0, 999999, 0, x, N);
+    expect_push_ack(&a, 0, "a stranger's first push for step 999,999");
+    /* The limit does not chain: another chunk's first push is counted from
+     * the shard's lowest anchored step (0), not from 999,999. */
+    send_push(&a, 1, 1, 1000005, 0, x, N);
+    expect_error_text(&a, GIFT_ESTEP, 0, "lowest open step 0",
+                      "a first push for step 10^6 + 5 after one at 999,999");
+    raw_close(&a);
+    usleep(200 * 1000);
+    pair_join(&p, 1);
+    /* Before the first step: a stranger's Hello claiming progress to step
+     * 10 is refused alone (no auth: it proves nothing); the members' run
+     * goes on, and their step-0 pushes move the window back to step 0. */
+    raw_open(&a);
+    send_hello_ex(&a, 0, 2, 10, NULL, -1);
+    expect_error_text(&a, GIFT_ESTATE, 1, "lost this run's state",
+                      "a stranger's Hello with resume_step 10");
+    raw_close(&a);
+    pair_step(&p);
+    pair_step(&p);
+    log_read(log, sizeof log, 0);
+    ck_assert_msg(strstr(log, "the window moves to step 0") != NULL,
+                  "the log does not name the moved window:\n%s", log);
+    /* A run id with a NUL in it is refused, not read as its prefix. */
+    raw_open(&a);
+    send_hello_ex(&a, 0, 2, 0, "runAXevil", 4);
+    expect_error_text(&a, GIFT_EPROTO, 1, "NUL", "a Hello whose run id is \"runA\\0evil\"");
+    raw_close(&a);
+    pair_step(&p);
+    pair_close(&p);
+    daemon_stop();
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
 /* 6. Connection churn                                                   */
 /* ------------------------------------------------------------------ */
 
@@ -767,6 +860,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_hostile_http);
     tcase_add_test(tc, test_hostile_rank);
     tcase_add_test(tc, test_hostile_auth);
+    tcase_add_test(tc, test_hostile_stranger);
     tcase_add_test(tc, test_hostile_churn);
     suite_add_tcase(s, tc);
     return s;

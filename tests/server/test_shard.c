@@ -1363,6 +1363,15 @@ START_TEST(test_geometry_owner)
             sketch_err_at(&P[r], 1, 0, tr[r], GDIN, GKS, bad, ylen, GIFT_EBADCODE, __LINE__);
             sketch_err_at(&P[r], 1, 0, NAN, GDIN, GKS, Y[r], ylen, GIFT_EBADCODE, __LINE__);
             sketch_err_at(&P[r], 1, 0, -1.0, GDIN, GKS, Y[r], ylen, GIFT_EBADCODE, __LINE__);
+            /* The probe's sketch: trace 1e308, values 3e38 (refused here,
+             * not accepted to fail the epoch's build); and an element above
+             * twice the trace, which no A.Q of an orthonormal Q can hold. */
+            for (size_t j = 0; j < (size_t)GDIN * GKS; j++)
+                bad[j] = 3e38f;
+            sketch_err_at(&P[r], 1, 0, 1e308, GDIN, GKS, bad, ylen, GIFT_EBADCODE, __LINE__);
+            memcpy(bad, Y[r], ylen);
+            bad[5] = (float)(4.0 * tr[r]);
+            sketch_err_at(&P[r], 1, 0, tr[r], GDIN, GKS, bad, ylen, GIFT_EBADCODE, __LINE__);
         }
         sketch_ok_at(&P[r], 1, 0, tr[r], Y[r], 0, __LINE__);
         for (size_t j = 0; j < (size_t)GDIN * GKS; j++)
@@ -1436,7 +1445,7 @@ START_TEST(test_geometry_owner)
     sketch_err_at(&P[0], 5, 0, tr[0], GDIN, GKS, Y[0], ylen, GIFT_EEPOCH, __LINE__);
     ck_assert_int_eq(gift_shard_tensor_status(S, 0, &ts, NULL, 0), 0);
     ck_assert_msg(ts.owner == 1 && ts.epoch == 1, "status owner %d epoch %u", ts.owner, ts.epoch);
-    EXPECT_ERRORS(4, GIFT_ENOKEY, 2, GIFT_ESHAPE, 3, GIFT_EEPOCH, 7, GIFT_EBADCODE, 4);
+    EXPECT_ERRORS(4, GIFT_ENOKEY, 2, GIFT_ESHAPE, 3, GIFT_EEPOCH, 7, GIFT_EBADCODE, 6);
     QUIET_ALL();
 
     for (int r = 0; r < W; r++)
@@ -2222,8 +2231,11 @@ END_TEST
 
 /* The restart raced a step: the shard died after finishing step 0, which
  * some workers had pulled and others not. Those came back first (resume 0)
- * and declared again; the first that pulled step 0 is refused, and the
- * others, who wait for it, are told at once, not at their timeout. */
+ * and declared again; the first that pulled step 0 is refused. Without
+ * authentication its Hello proves nothing (a stranger can send any
+ * resume_step), so it is refused alone and the others' connections are left
+ * as they are (test_auth.c's test_resume_race_auth: with a key, the others
+ * are told at once). */
 START_TEST(test_resume_step_race)
 {
     const Gift__Error *e;
@@ -2233,17 +2245,11 @@ START_TEST(test_resume_step_race)
         DECLARE_OK(&P[r], STD_T, STD_NT, STD_C, STD_NC);
     for (int r = 0; r < W - 1; r++)
         PUSH_GRAD(&P[r], STD_C[0].key, STD_C[0].chunk, 0, (uint32_t)r, 0);
-    HELLO(&P[4], 0, W); /* not acting as a rank: not told */
+    HELLO(&P[4], 0, W);
     g_resume_step = 1;
     ck_assert_int_eq(hello_raw(&P[3], GIFT_PROTOCOL_VERSION, 3, W, NULL, 0), GIFT_ESTATE);
     e = EXPECT_ERROR(&P[3], GIFT_ESTATE, 1);
     ck_assert_msg(strstr(e->text, "it has finished no step"), "text: %s", e->text);
-    for (int r = 0; r < W - 1; r++) {
-        e = EXPECT_ERROR(&P[r], GIFT_ESTATE, 1);
-        ck_assert_msg(strstr(e->text, "another worker has the mean of step 0") &&
-                          strstr(e->text, "Restart the whole run"),
-                      "rank %d: %s", r, e->text);
-    }
     QUIET_ALL();
 }
 END_TEST
