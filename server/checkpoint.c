@@ -9,10 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <limits.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -252,6 +254,171 @@ int gift_ckpt_mkdir(const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+int gift_ckpt_peek(const char *dir, void *out, size_t n, char *err, size_t errlen)
+{
+    char path[4200];
+    uint8_t head[16];
+    uint32_t v = 0;
+    struct stat st;
+    int fd;
+    ssize_t got;
+    snprintf(path, sizeof path, "%s/checkpoint", dir);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return GIFT_EIO;
+    }
+    if (fstat(fd, &st) < 0 || st.st_size < (off_t)(32 + n) ||
+        pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head ||
+        (got = pread(fd, out, n, 16)) != (ssize_t)n) {
+        snprintf(err, errlen, "%s is unreadable or too short", path);
+        close(fd);
+        return GIFT_EIO;
+    }
+    close(fd);
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)head[8 + i] << (8 * i);
+    if (memcmp(head, CKPT_MAGIC, 8) != 0 || v < GIFT_CKPT_VERSION_MIN || v > GIFT_CKPT_VERSION) {
+        snprintf(err, errlen, "%s is not a giftd checkpoint this giftd reads", path);
+        return GIFT_EIO;
+    }
+    return 1;
+}
+
+int gift_ckpt_lock(const char *dir, int *fd, char *err, size_t errlen)
+{
+    char path[4200], pid[32];
+    int n, f;
+    snprintf(path, sizeof path, "%s/" GIFT_CKPT_LOCK_NAME, dir);
+    *fd = -1;
+    if ((f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0) {
+        snprintf(err, errlen, "cannot open the lock file %s: %s", path, strerror(errno));
+        return GIFT_EIO;
+    }
+    if (flock(f, LOCK_EX | LOCK_NB) < 0) {
+        int e = errno;
+        ssize_t got;
+        if (e != EWOULDBLOCK && e != EAGAIN) {
+            snprintf(err, errlen, "cannot lock %s: %s", path, strerror(e));
+            close(f);
+            return GIFT_EIO;
+        }
+        got = pread(f, pid, sizeof pid - 1, 0);
+        close(f);
+        pid[got > 0 ? got : 0] = '\0';
+        pid[strcspn(pid, "\r\n")] = '\0';
+        for (const char *c = pid; *c; c++)
+            if (*c < '0' || *c > '9') {
+                pid[0] = '\0';
+                break;
+            }
+        snprintf(err, errlen,
+                 "data_dir %s is in use by another giftd, PID %s (it holds the lock %s); "
+                 "stop that giftd first, or give this one its own data_dir",
+                 dir, pid[0] ? pid : "unknown (the lock file holds none yet)", path);
+        return GIFT_EBUSY;
+    }
+    n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(f, 0) < 0 || pwrite(f, pid, (size_t)n, 0) != n) {
+        snprintf(err, errlen, "cannot write the lock file %s: %s", path, strerror(errno));
+        close(f);
+        return GIFT_EIO;
+    }
+    *fd = f;
+    return 0;
+}
+
+/* A step log's name: "log-" and a generation in canonical decimal. */
+static int log_name(const char *name, uint64_t *gen)
+{
+    const char *d = name + 4;
+    char *end;
+    if (strncmp(name, "log-", 4) != 0 || *d < '0' || *d > '9' || (d[0] == '0' && d[1] != '\0'))
+        return 0;
+    for (const char *c = d; *c; c++)
+        if (*c < '0' || *c > '9')
+            return 0;
+    errno = 0;
+    *gen = strtoull(d, &end, 10);
+    return errno == 0 && *end == '\0';
+}
+
+static int is_dir_at(const char *dir, const char *name)
+{
+    char path[4400];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return lstat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Entries gift_ckpt_discard leaves where they are. */
+static int kept_aside(const char *dir, const char *name)
+{
+    return strcmp(name, GIFT_CKPT_LOCK_NAME) == 0 ||
+           ((strcmp(name, "lost+found") == 0 || strncmp(name, "discarded-", 10) == 0) &&
+            is_dir_at(dir, name));
+}
+
+int gift_ckpt_audit(const char *dir, int have, uint64_t gen, char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char list[400];
+    size_t len = 0;
+    int bad = 0, shown = 0;
+    uint64_t top = have ? gen : 0;
+    if (d == NULL) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "cannot read data_dir %s: %s", dir, strerror(errno));
+        return GIFT_EIO;
+    }
+    list[0] = '\0';
+    while ((e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        char why[128];
+        uint64_t g;
+        int w;
+        if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0 || strcmp(nm, "checkpoint") == 0 ||
+            strcmp(nm, "checkpoint.tmp") == 0 || kept_aside(dir, nm))
+            continue;
+        if (log_name(nm, &g)) {
+            if (g <= top)
+                continue;
+            if (have)
+                snprintf(why, sizeof why, "a step log newer than the checkpoint, of generation %" PRIu64,
+                         gen);
+            else
+                snprintf(why, sizeof why, "a step log of generation %" PRIu64
+                         " without the checkpoint it extends", g);
+        } else {
+            snprintf(why, sizeof why, "not a file giftd writes");
+        }
+        bad++;
+        if (shown < 4) {
+            w = snprintf(list + len, sizeof list - len, "%s%.64s (%s)", shown ? ", " : "", nm, why);
+            if (w > 0 && (size_t)w < sizeof list - len) {
+                len += (size_t)w;
+                shown++;
+            } else {
+                list[len] = '\0';
+                shown = 4;
+            }
+        }
+    }
+    closedir(d);
+    if (bad == 0)
+        return 0;
+    snprintf(err, errlen,
+             "data_dir %s holds what giftd cannot account for: %s%s; refusing to start, "
+             "nothing was changed. Put back the checkpoint these files belong to (and move "
+             "away what is not giftd's), or start once with --discard-state to move all of it "
+             "into %s/discarded-<UTC time>/ and start empty",
+             dir, list, bad > shown ? ", and more" : "", dir);
+    return GIFT_ECONFIG;
+}
+
 int gift_ckpt_write(const char *dir, uint32_t version, const void *body, size_t len, char *err,
                     size_t errlen)
 {
@@ -390,8 +557,11 @@ bad:
 int gift_log_open(gift_log_t *l, const char *dir, uint64_t gen, int truncate, char *err,
                   size_t errlen)
 {
+    struct stat st;
     l->gen = gen;
     l->bytes = 0;
+    l->base = 0;
+    l->err_no = 0;
     snprintf(l->path, sizeof l->path, "%s/log-%" PRIu64, dir, gen);
     l->fd = open(l->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0),
                  0600);
@@ -399,12 +569,13 @@ int gift_log_open(gift_log_t *l, const char *dir, uint64_t gen, int truncate, ch
         snprintf(err, errlen, "cannot open %s: %s", l->path, strerror(errno));
         return GIFT_EIO;
     }
-    if (fsync(l->fd) < 0 || fsync_dir(dir) < 0) {
+    if (fstat(l->fd, &st) < 0 || fsync(l->fd) < 0 || fsync_dir(dir) < 0) {
         snprintf(err, errlen, "cannot sync %s: %s", l->path, strerror(errno));
         close(l->fd);
         l->fd = -1;
         return GIFT_EIO;
     }
+    l->base = (uint64_t)st.st_size;
     return 0;
 }
 
@@ -418,6 +589,8 @@ void gift_log_close(gift_log_t *l)
 int gift_log_sync(gift_log_t *l)
 {
     if (l->fd < 0 || fdatasync(l->fd) < 0) {
+        if (l->err_no == 0)
+            l->err_no = l->fd < 0 ? EBADF : errno;
         GIFT_LOG_ERROR(0, "cannot sync %s: %s", l->path, l->fd < 0 ? "not open" : strerror(errno));
         return GIFT_EIO;
     }
@@ -480,44 +653,131 @@ int gift_log_append(gift_log_t *l, uint32_t type, const void *const *parts, cons
     l->bytes += total;
     return 0;
 fail:
-    GIFT_LOG_ERROR(0, "cannot append to %s: %s", l->path, strerror(errno));
+    {
+        int e = errno;
+        if (l->err_no == 0)
+            l->err_no = e;
+        /* Cut a partly written record off again, so that the log ends with
+         * its last whole record (shrinking needs no space). */
+        if (ftruncate(l->fd, (off_t)(l->base + l->bytes)) < 0)
+            GIFT_LOG_WARN(0, "cannot cut %s back to %" PRIu64 " bytes: %s", l->path,
+                          l->base + l->bytes, strerror(errno));
+        GIFT_LOG_ERROR(0, "cannot append to %s: %s", l->path, strerror(e));
+    }
     return GIFT_EIO;
 }
 
-void gift_log_remove_others(const char *dir, uint64_t keep)
+void gift_log_remove_superseded(const char *dir, uint64_t gen)
 {
-    DIR *d = opendir(dir);
+    DIR *d;
     struct dirent *e;
     char path[4400];
-    if (d == NULL)
+    int fd;
+    if (gen == 0)
+        return;
+    /* The checkpoint holding their steps must be durable first. */
+    snprintf(path, sizeof path, "%s/checkpoint", dir);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fsync(fd) < 0 || fsync_dir(dir) < 0) {
+        GIFT_LOG_WARN(0, "%s: not synced (%s); the step logs it supersedes are kept", path,
+                      strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    close(fd);
+    if ((d = opendir(dir)) == NULL)
         return;
     while ((e = readdir(d)) != NULL) {
-        char *end;
-        unsigned long long g;
-        if (strncmp(e->d_name, "log-", 4) != 0)
-            continue;
-        g = strtoull(e->d_name + 4, &end, 10);
-        if (*end != '\0' || end == e->d_name + 4 || g == keep)
+        uint64_t g;
+        if (!log_name(e->d_name, &g) || g >= gen)
             continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
+        if (unlink(path) == 0)
+            GIFT_LOG_DEBUG(0, "removed %s: the checkpoint of generation %" PRIu64 " holds its steps",
+                           path, gen);
     }
     closedir(d);
 }
 
-int gift_ckpt_discard(const char *dir, char *err, size_t errlen)
+int gift_ckpt_discard(const char *dir, char *where, size_t wherelen, char *err, size_t errlen)
 {
-    static const char *const names[] = {"checkpoint", "checkpoint.tmp"};
-    char path[4200];
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (unlink(path) < 0 && errno != ENOENT) {
-            snprintf(err, errlen, "cannot remove %s: %s", path, strerror(errno));
-            return GIFT_EIO;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char **names = NULL, stamp[32], src[4400], dst[8800];
+    size_t n = 0, cap = 0;
+    struct tm tm;
+    time_t now = time(NULL);
+    int rc = GIFT_EIO;
+
+    where[0] = '\0';
+    if (d == NULL) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "cannot read data_dir %s: %s", dir, strerror(errno));
+        return GIFT_EIO;
+    }
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+            kept_aside(dir, e->d_name))
+            continue;
+        if (n == cap) {
+            char **nn = realloc(names, (cap = cap ? 2 * cap : 16) * sizeof *names);
+            if (nn == NULL)
+                goto nomem;
+            names = nn;
+        }
+        if ((names[n] = strdup(e->d_name)) == NULL)
+            goto nomem;
+        n++;
+    }
+    closedir(d);
+    d = NULL;
+    if (n == 0) {
+        free(names);
+        return 0;
+    }
+    gmtime_r(&now, &tm);
+    strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+    for (int k = 0;; k++) {
+        if (k == 0)
+            snprintf(where, wherelen, "%s/discarded-%s", dir, stamp);
+        else
+            snprintf(where, wherelen, "%s/discarded-%s-%d", dir, stamp, k);
+        if (mkdir(where, 0700) == 0)
+            break;
+        if (errno != EEXIST || k >= 1000) {
+            snprintf(err, errlen, "cannot create %s: %s", where, strerror(errno));
+            where[0] = '\0';
+            goto out;
         }
     }
-    gift_log_remove_others(dir, UINT64_MAX);
-    return 0;
+    for (size_t i = 0; i < n; i++) {
+        snprintf(src, sizeof src, "%s/%s", dir, names[i]);
+        snprintf(dst, sizeof dst, "%s/%s", where, names[i]);
+        if (rename(src, dst) < 0) {
+            snprintf(err, errlen, "cannot move %s into %s: %s (%zu of %zu entries moved)", src,
+                     where, strerror(errno), i, n);
+            fsync_dir(where);
+            fsync_dir(dir);
+            goto out;
+        }
+    }
+    if (fsync_dir(where) < 0 || fsync_dir(dir) < 0) {
+        snprintf(err, errlen, "cannot sync %s after moving the state into it: %s", dir,
+                 strerror(errno));
+        goto out;
+    }
+    rc = (int)(n > INT_MAX ? INT_MAX : n);
+    goto out;
+nomem:
+    snprintf(err, errlen, "out of memory listing data_dir %s", dir);
+out:
+    if (d != NULL)
+        closedir(d);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return rc;
 }
 
 int gift_log_replay(const char *dir, uint64_t gen, gift_log_record_cb fn, void *arg, int *torn,

@@ -21,6 +21,17 @@
  *                that nothing acknowledged) is dropped with a warning; a bad
  *                record followed by more bytes is corruption and refused.
  *
+ *   lock file    "giftd.lock": flock()ed by the giftd using data_dir for its
+ *                whole life (gift_ckpt_lock), holding its PID as text.
+ *   discarded-*  folders that gift_ckpt_discard moved old state into.
+ *
+ * Generations: a shard without a checkpoint is at generation 0 and logs to
+ * log-0. A checkpoint of generation G holds everything up to its write, and
+ * log-G extends it; a log-g with g < G is superseded (its steps are in the
+ * checkpoint) and is removed only once that checkpoint is durable. Nothing
+ * else in data_dir is ever deleted: a file giftd cannot account for stops
+ * it (gift_ckpt_audit), and discarding moves state aside, never unlinks it.
+ *
  * Ownership: gift_ckpt_buf_t grows as it is written and is reused; the
  * reader's buffers are the caller's until gift_ckpt_file_free.
  */
@@ -91,11 +102,35 @@ int gift_ckpt_read(const char *dir, uint8_t **body, size_t *len, uint32_t *versi
 /* Creates dir (one level) when missing. Returns 0 or GIFT_EIO. */
 int gift_ckpt_mkdir(const char *dir, char *err, size_t errlen);
 
+/* Reads the first n bytes of DIR/checkpoint's body without verifying the
+ * rest (gift_ckpt_read does): 1 when the file exists with a valid head and
+ * at least n bytes of body, 0 when there is none, GIFT_EIO otherwise. */
+int gift_ckpt_peek(const char *dir, void *out, size_t n, char *err, size_t errlen);
+
+#define GIFT_CKPT_LOCK_NAME "giftd.lock"
+/* Takes an exclusive flock (LOCK_EX|LOCK_NB) on DIR/giftd.lock (created
+ * 0600) and writes this process's PID into it; *fd stays open (the lock is
+ * held) until the process exits, the kernel releasing it even on SIGKILL.
+ * Returns 0, GIFT_EBUSY when another process holds it (err names DIR and
+ * the PID written in the file), or GIFT_EIO. */
+int gift_ckpt_lock(const char *dir, int *fd, char *err, size_t errlen);
+
+/* Checks that every entry of DIR is one giftd accounts for, given the
+ * checkpoint found (have, of generation gen; without one, generation 0):
+ * "checkpoint", "checkpoint.tmp", log-g for g <= gen, the lock file,
+ * "lost+found" and discarded-* folders. A step log of a generation above
+ * gen (with no checkpoint: above 0, a log whose checkpoint is missing) or
+ * any other file refuses: GIFT_ECONFIG with one sentence in err naming the
+ * files and the choices. Changes nothing. Returns 0 or a negative code. */
+int gift_ckpt_audit(const char *dir, int have, uint64_t gen, char *err, size_t errlen);
+
 /* The step log of one generation. */
 typedef struct gift_log {
     int fd;
     uint64_t gen;
     uint64_t bytes; /* appended since opened */
+    uint64_t base;  /* the file's size when opened */
+    int err_no;     /* errno of the first failed append or sync (0: none) */
     char path[4096];
 } gift_log_t;
 
@@ -121,20 +156,28 @@ void gift_log_close(gift_log_t *l);
 /* Appends one record (head + the n parts + CRC, n <= GIFT_LOG_MAX_PARTS)
  * with one gather write, then fdatasyncs the file when sync is set (else a
  * later gift_log_sync makes it durable, together with the records before
- * it: a group commit). Returns 0 or GIFT_EIO (the record may be partly
- * written: the caller must stop acknowledging anything that depends on it). */
+ * it: a group commit). Returns 0 or GIFT_EIO with l->err_no set (a partly
+ * written record is cut off again where possible: the caller must stop
+ * acknowledging anything that depends on it, and append nothing more). */
 int gift_log_append(gift_log_t *l, uint32_t type, const void *const *parts, const size_t *lens,
                     int n, int sync);
-/* fdatasyncs the log. Returns 0 or GIFT_EIO. */
+/* fdatasyncs the log. Returns 0 or GIFT_EIO (l->err_no set). */
 int gift_log_sync(gift_log_t *l);
-/* Removes every log-<g> of dir with g != keep. */
-void gift_log_remove_others(const char *dir, uint64_t keep);
+/* Removes the step logs that the checkpoint of generation gen supersedes
+ * (log-<g> with g < gen), after syncing DIR/checkpoint and DIR so that the
+ * checkpoint holding their steps is durable first (nothing is removed when
+ * that fails). Logs of generation gen or above are never touched. */
+void gift_log_remove_superseded(const char *dir, uint64_t gen);
 
-/* Removes the checkpoint (and a partial one) and every step log of dir, so
- * that a shard started on it holds no state (giftd --reset). A missing dir
- * or file is no error. Returns 0, or GIFT_EIO with err set when a file
- * cannot be removed. */
-int gift_ckpt_discard(const char *dir, char *err, size_t errlen);
+/* Moves the state of dir aside so that a shard started on it holds none
+ * (giftd --reset, --discard-state, giftctl reset): every entry except the
+ * lock file, "lost+found" and earlier discarded-* folders is renamed into
+ * a new DIR/discarded-YYYYMMDDTHHMMSSZ (UTC; -1, -2, ... appended when the
+ * name exists), then that folder and dir are fsynced. Nothing is unlinked.
+ * Returns the number of entries moved (0: nothing to move, no folder made)
+ * with the folder's path in where, or GIFT_EIO with err set (what was moved
+ * before the failure stays in the folder). A missing dir is no error. */
+int gift_ckpt_discard(const char *dir, char *where, size_t wherelen, char *err, size_t errlen);
 
 /* Calls fn for each intact record of DIR/log-GEN in order. A missing file
  * is an empty log. A torn last record is dropped (the file is truncated to

@@ -9,10 +9,12 @@
 
 #include "checkpoint.h"
 #include "config.h"
+#include "gift_error.h"
 #include "gift_auth.h"
 #include "gift_codec.h"
 #include "log.h"
 #include "server.h"
+#include "shard.h"
 
 extern char **environ;
 
@@ -83,18 +85,43 @@ int main(int argc, char **argv)
                       c.auth_key_file);
     }
     /* data_dir is created, read and written only with checkpoint_steps > 0
-     * (gift_server_new restores from it before listening). */
-    if (c.reset) {
-        if (c.checkpoint_steps > 0 && c.data_dir[0]) {
-            if (gift_ckpt_discard(c.data_dir, err, sizeof err) < 0) {
-                GIFT_LOG_ERROR(0, "--reset: %s", err);
+     * (gift_server_new restores from it before listening). Before anything
+     * in it is read or moved, this process takes its lock, held until exit
+     * (the kernel drops it even on SIGKILL): two giftd on one data_dir
+     * would overwrite each other's checkpoint and log. */
+    if (c.checkpoint_steps > 0 && c.data_dir[0]) {
+        static int lock_fd = -1; /* never closed: the lock lives as long as the process */
+        char where[4200], big[1024];
+        const char *flag = 0 ? "--discard-state" : "--reset";
+        if (gift_ckpt_mkdir(c.data_dir, err, sizeof err) < 0) {
+            GIFT_LOG_ERROR(0, "%s", err);
+            return 1;
+        }
+        if ((rc = gift_ckpt_lock(c.data_dir, &lock_fd, err, sizeof err)) < 0) {
+            GIFT_LOG_ERROR(0, "%s", err);
+            return rc == GIFT_EBUSY ? 2 : 1;
+        }
+        if (c.reset || 0) {
+            /* Moved aside, never deleted: a mistaken reset can be undone. */
+            if ((rc = gift_ckpt_discard(c.data_dir, where, sizeof where, err, sizeof err)) < 0) {
+                GIFT_LOG_ERROR(0, "%s: %s", flag, err);
                 return 1;
             }
-            GIFT_LOG_INFO(0, "--reset: discarded the checkpoint and step logs of %s; this "
-                          "shard starts empty", c.data_dir);
-        } else {
-            GIFT_LOG_INFO(0, "--reset: no persistence (checkpoint_steps 0): nothing to discard");
+            if (rc > 0)
+                GIFT_LOG_INFO(0, "%s: moved the state of %s (%d entries) into %s; this shard "
+                              "starts empty", flag, c.data_dir, rc, where);
+            else
+                GIFT_LOG_INFO(0, "%s: %s holds no state; this shard starts empty", flag,
+                              c.data_dir);
         }
+        /* Starting never deletes what giftd cannot account for: it refuses. */
+        if (gift_shard_datadir_check(c.data_dir, big, sizeof big) < 0) {
+            GIFT_LOG_ERROR(0, "%s", big);
+            return 2;
+        }
+    } else if (c.reset || 0) {
+        GIFT_LOG_INFO(0, "%s: no persistence (checkpoint_steps 0): nothing to discard",
+                      0 ? "--discard-state" : "--reset");
     }
 
     memset(&o, 0, sizeof o);

@@ -216,6 +216,13 @@ static int log_append(gift_shard_t *s, uint32_t type, const void *const *parts, 
     uint64_t before = s->log.bytes;
     if (!s->persist || s->replaying)
         return 0;
+    if (s->log.err_no != 0) {
+        /* Fail-stop: after a failed write nothing more is appended, so the
+         * log stays a prefix of the run that a restart can replay (a later
+         * record of the same chunk would leave a gap it refuses). */
+        s->c.log_failures++;
+        return GIFT_EIO;
+    }
     if ((rc = gift_log_append(&s->log, type, parts, lens, n, sync)) < 0) {
         s->c.log_failures++;
         return rc;
@@ -378,22 +385,25 @@ static int journal_sketch(gift_shard_t *s, const tensor_t *t, uint64_t step, uin
 /* Group commit: one fdatasync for the steps appended since the last. */
 static int journal_sync(gift_shard_t *s)
 {
-    int rc = gift_log_sync(&s->log);
+    int rc = s->log.err_no != 0 ? GIFT_EIO : gift_log_sync(&s->log);
     if (rc < 0)
         s->c.log_failures++;
     return rc;
 }
 
-/* giftctl reset: the files go as with giftd --reset; a new, empty log of
- * generation 0 takes the next run's records. */
+/* giftctl reset: the files are moved aside as with giftd --reset; a new,
+ * empty log of generation 0 takes the next run's records. */
 static int journal_reset(gift_shard_t *s, char *err, size_t errlen)
 {
+    char where[4200];
     int rc;
     gift_log_close(&s->log);
     s->gen = 0;
     s->ckpt_next = 0;
-    if ((rc = gift_ckpt_discard(s->dir, err, errlen)) < 0)
+    if ((rc = gift_ckpt_discard(s->dir, where, sizeof where, err, errlen)) < 0)
         return rc;
+    if (rc > 0)
+        GIFT_LOG_INFO(0, "reset: moved the state of %s (%d entries) into %s", s->dir, rc, where);
     return gift_log_open(&s->log, s->dir, 0, 1, err, errlen);
 }
 
@@ -501,6 +511,16 @@ int gift_shard_checkpoint_version(gift_shard_t *s, uint32_t version, char *err, 
     err[0] = '\0';
     if (!s->persist || !s->declared)
         return 0;
+    if (s->log.err_no != 0) {
+        /* The state holds a step that is in no log: a checkpoint of it
+         * would make its failed pulls permanent. */
+        snprintf(err, errlen,
+                 "no checkpoint after the step log %s could not be written (%s); restart "
+                 "giftd once there is space",
+                 s->log.path, strerror(s->log.err_no));
+        rc = GIFT_EIO;
+        goto out;
+    }
     b->len = 0;
     b->err = 0;
     if (version < GIFT_CKPT_VERSION_MIN || version > GIFT_CKPT_VERSION) {
@@ -521,7 +541,9 @@ int gift_shard_checkpoint_version(gift_shard_t *s, uint32_t version, char *err, 
     gift_log_close(&s->log);
     s->log = nl;
     s->gen = gen;
-    gift_log_remove_others(s->dir, gen);
+    /* gift_ckpt_write made the checkpoint durable: the older logs' steps
+     * are in it. */
+    gift_log_remove_superseded(s->dir, gen);
     s->c.checkpoints++;
     GIFT_LOG_INFO(0,
                   "checkpoint %" PRIu64 " written: %zu bytes, oldest unfinished step %" PRIu64
@@ -995,6 +1017,23 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
     return GIFT_EIO;
 }
 
+int gift_shard_datadir_check(const char *dir, char *err, size_t errlen)
+{
+    /* The body starts: shard id, shard count, world, aggregate (u32 each),
+     * then the generation (snapshot_build). */
+    uint8_t head[24];
+    uint64_t gen = 0;
+    int have;
+    err[0] = '\0';
+    if ((have = gift_ckpt_peek(dir, head, sizeof head, err, errlen)) < 0) {
+        err[0] = '\0';
+        return 0; /* damaged: gift_shard_restore says how */
+    }
+    for (int i = 0; have && i < 8; i++)
+        gen |= (uint64_t)head[16 + i] << (8 * i);
+    return gift_ckpt_audit(dir, have, gen, err, errlen);
+}
+
 int gift_shard_restore(gift_shard_t *s, char *err, size_t errlen)
 {
     uint8_t *body = NULL;
@@ -1024,10 +1063,15 @@ int gift_shard_restore(gift_shard_t *s, char *err, size_t errlen)
         }
         goto fail;
     }
+    /* Nothing is replayed, opened or removed while data_dir holds a file
+     * this checkpoint (or its absence) does not account for. */
+    if ((rc = gift_ckpt_audit(s->dir, have, s->gen, err, errlen)) < 0)
+        goto fail;
     if ((rc = gift_log_replay(s->dir, s->gen, replay_record, &x, &torn, err, errlen)) < 0)
         goto fail;
     s->replaying = 0;
-    gift_log_remove_others(s->dir, s->gen);
+    if (have)
+        gift_log_remove_superseded(s->dir, s->gen);
     if ((rc = gift_log_open(&s->log, s->dir, s->gen, 0, err, errlen)) < 0)
         goto fail;
     s->jr = &persist_journal;

@@ -135,7 +135,7 @@ int gift__reset(gift_shard_t *s, gift_peer_t *p, const Gift__Reset *m)
                   "reset (giftctl): dropped run '%s', %u tensors, steps below %" PRIu64
                   ", %u worker connections closed%s%s",
                   run, ack.tensors, ack.steps, ack.closed,
-                  s->jr == NULL ? "" : rc == 0 ? "; removed the checkpoint and step logs of " : "; ",
+                  s->jr == NULL ? "" : rc == 0 ? "; moved the checkpoint and step logs aside into a discarded-* folder of " : "; ",
                   s->jr == NULL ? "" : rc == 0 ? s->dir : err);
     if (rc < 0) {
         send_error(s, p, rc, 1, 0, 0, 0, m->seq,

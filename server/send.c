@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "log.h"
 #include "owner.h"
@@ -89,6 +90,17 @@ void gift__send_reply(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const 
     Gift__Codec codec = GIFT__CODEC__INIT;
     tensor_t *t = ch->t;
 
+    if (r->err == GIFT_EIO && s->persist && s->log.err_no != 0) {
+        /* The step log failed (persist.c): the mean exists but is in no
+         * log, so it is never answered (it would be lost on a restart). */
+        gift__send_error(s, p, r->err, 0, t->key, ch->id, r->step, seq,
+                         "step %" PRIu64 " of tensor %u chunk %u could not be made durable: "
+                         "the step log %s could not be written (%s), and this shard logs "
+                         "nothing more; free space on (or repair) the filesystem of %s, then "
+                         "restart giftd, which resumes from the last durable step",
+                         r->step, t->key, ch->id, s->log.path, strerror(s->log.err_no), s->dir);
+        return;
+    }
     if (r->err) {
         gift__send_error(s, p, r->err, 0, t->key, ch->id, r->step, seq,
                    "step %" PRIu64 " of tensor %u chunk %u could not be encoded: %s", r->step,

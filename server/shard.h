@@ -234,6 +234,13 @@ void gift_shard_tick(gift_shard_t *s);
  * must not serve (the caller exits). */
 int gift_shard_restore(gift_shard_t *s, char *err, size_t errlen);
 
+/* Before any restore: checks that data_dir holds only what its checkpoint
+ * (read in part, not verified) accounts for (gift_ckpt_audit). 0, or
+ * GIFT_ECONFIG with one sentence in err naming the files and the choices
+ * (a damaged checkpoint returns 0: gift_shard_restore refuses it). Changes
+ * nothing. */
+int gift_shard_datadir_check(const char *dir, char *err, size_t errlen);
+
 /* Group commit: syncs the step log once and answers the pulls that waited
  * for the steps finished since the last flush. Cheap when there are none. */
 void gift_shard_flush(gift_shard_t *s);

@@ -118,9 +118,10 @@ typedef struct gift_shard_journal {
     int (*sync)(gift_shard_t *s);
     /* Steps finished: writes a checkpoint when one is due. */
     void (*steps_done)(gift_shard_t *s);
-    /* giftctl reset, the store already dropped: removes the checkpoint and
-     * every step log and starts an empty log of generation 0. 0, or
-     * GIFT_EIO with a sentence in err. */
+    /* giftctl reset, the store already dropped: moves the checkpoint and
+     * every step log aside (gift_ckpt_discard, nothing is unlinked) and
+     * starts an empty log of generation 0. 0, or GIFT_EIO with a sentence
+     * in err. */
     int (*reset)(gift_shard_t *s, char *err, size_t errlen);
 } gift_shard_journal_t;
 

@@ -10,7 +10,11 @@
  * after the sync, and damaged, foreign or truncated files are refused whole
  * with a sentence that names them.
  */
+#define _GNU_SOURCE /* nftw */
 #include <check.h>
+#include <dirent.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -41,18 +45,29 @@ static double g_decay; /* geometry_decay of the persisting shards */
 static int g_policy;   /* their policy (all unless a test sets it) */
 static double g_budget; /* and budget_bits */
 
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+/* Empties the test's own temporary folder: the shard's files and the
+ * discarded-* folders that gift_ckpt_discard moved them into. */
 static void dir_clear(const char *dir)
 {
-    static const char *names[] = {"checkpoint", "checkpoint.tmp", NULL};
-    char path[256];
-    for (int i = 0; names[i]; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        unlink(path);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[600];
+    if (d == NULL)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        nftw(path, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
     }
-    for (int g = 0; g < 64; g++) {
-        snprintf(path, sizeof path, "%s/log-%d", dir, g);
-        unlink(path);
-    }
+    closedir(d);
 }
 
 static void fx_persist(void)
@@ -316,7 +331,20 @@ START_TEST(test_persist_run_id)
     ck_assert_int_eq(hello_raw(&P[0], GIFT_PROTOCOL_VERSION, 0, W, NULL, 0), GIFT_ERUNID);
     e = EXPECT_ERROR(&P[0], GIFT_ERUNID, 1);
     ck_assert_msg(strstr(e->text, "run-a") && strstr(e->text, "run-b"), "text: %s", e->text);
-    ck_assert_int_eq(gift_ckpt_discard(g_dir, why, sizeof why), 0);
+    {
+        /* Moved aside whole, nothing unlinked: the log is in the folder. */
+        char where[256], path[512];
+        struct stat st;
+        int n = gift_ckpt_discard(g_dir, where, sizeof where, why, sizeof why);
+        ck_assert_msg(n >= 1, "discard returned %d: %s", n, why);
+        ck_assert_msg(strstr(where, "/discarded-") != NULL, "moved into '%s'", where);
+        snprintf(path, sizeof path, "%s/log-0", where);
+        ck_assert_msg(stat(path, &st) == 0 && st.st_size > 0, "%s: missing or empty", path);
+        snprintf(path, sizeof path, "%s/log-0", g_dir);
+        ck_assert_msg(stat(path, &st) != 0, "%s is still there after the discard", path);
+        /* Nothing left to move: no second folder. */
+        ck_assert_int_eq(gift_ckpt_discard(g_dir, where, sizeof where, why, sizeof why), 0);
+    }
     persist_open_ok(100, 0);
     hello_all();
     DECLARE_OK(&P[0], STD_T, STD_NT, STD_C, STD_NC);
