@@ -32,6 +32,12 @@
  * carries the administrator's MAC (gift_auth_reset_mac), which only the
  * shared secret makes, never a worker's rank key.
  *
+ * ping, status, stats and policy ask every shard at once (fanout_run: up to
+ * FANOUT_MAX threads, each shard with its own --timeout from the start), and
+ * print the answers in the order of --servers once all are in: dead shards
+ * cost one timeout together, not one each. reset, the one command that
+ * changes a shard, asks them one after another and prints each as it goes.
+ *
  * Exit codes: 0 every shard answered (ping: and is live/ready); 1 some shard
  * did not, or refused; 2 usage error or a key file that cannot be loaded.
  */
@@ -43,6 +49,7 @@
 #include <inttypes.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +65,7 @@
 #define HTTP_MAX (16u << 20) /* largest HTTP response read */
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
+#define FANOUT_MAX 64 /* shards asked at once */
 
 typedef enum { CMD_PING, CMD_STATUS, CMD_STATS, CMD_POLICY, CMD_RESET } cmd_t;
 
@@ -773,6 +781,60 @@ out:
 }
 
 /* ------------------------------------------------------------------ */
+/* Asking every shard at once                                            */
+/* ------------------------------------------------------------------ */
+
+/* The read-only commands (ping, status, stats, policy) ask all shards at
+ * once, so that dead shards cost one --timeout together rather than one
+ * each: up to FANOUT_MAX threads (the main one among them) take the shards
+ * in turn, each running the same blocking code with its own deadline, and
+ * write only their own shard's result; the results are printed afterwards
+ * in the order of --servers. Nothing here is shared but the counter. */
+typedef struct fanout {
+    void (*one)(struct fanout *f, int i); /* asks shard i */
+    const opts_t *o;
+    const endpoint_t *eps;
+    const gift_auth_key_t *key;
+    void *results; /* one per shard, of the command's type */
+    int n;
+    int next; /* the next shard to ask, under mu */
+    pthread_mutex_t mu;
+} fanout_t;
+
+static void *fanout_worker(void *arg)
+{
+    fanout_t *f = arg;
+    for (;;) {
+        pthread_mutex_lock(&f->mu);
+        int i = f->next < f->n ? f->next++ : -1;
+        pthread_mutex_unlock(&f->mu);
+        if (i < 0)
+            return NULL;
+        f->one(f, i);
+    }
+}
+
+/* Runs f->one for every shard, concurrently. A thread that cannot be
+ * started leaves its shards to the others (at worst, to this thread:
+ * one after another, as before). */
+static void fanout_run(fanout_t *f)
+{
+    pthread_t th[FANOUT_MAX];
+    int want = f->n < FANOUT_MAX ? f->n : FANOUT_MAX, started = 0;
+    pthread_mutex_init(&f->mu, NULL);
+    f->next = 0;
+    for (int t = 1; t < want; t++) {
+        if (pthread_create(&th[started], NULL, fanout_worker, f) != 0)
+            break;
+        started++;
+    }
+    (void)fanout_worker(f);
+    for (int t = 0; t < started; t++)
+        pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&f->mu);
+}
+
+/* ------------------------------------------------------------------ */
 /* Commands                                                              */
 /* ------------------------------------------------------------------ */
 
@@ -804,49 +866,74 @@ static void print_human_bytes(char *out, size_t cap, uint64_t b)
     snprintf(out, cap, i ? "%.1f%s" : "%.0f%s", v, u[i]);
 }
 
+/* What one shard said to a ping. */
+typedef struct ping_result {
+    int ok, status;
+    double ms;
+    char err[256];
+} ping_result_t;
+
+static void ping_one(fanout_t *f, int i)
+{
+    const opts_t *o = f->o;
+    const endpoint_t *e = &f->eps[i];
+    ping_result_t *r = &((ping_result_t *)f->results)[i];
+    const char *path = o->ready ? "/readyz" : "/livez";
+    double t0 = now_s(), deadline = t0 + o->timeout;
+    char *body = NULL;
+    int tcp_ok;
+    r->status = -1;
+    r->err[0] = 0;
+    int fd = tcp_connect(e->host, e->port, deadline, r->err, sizeof r->err);
+    tcp_ok = fd >= 0;
+    if (fd >= 0)
+        close(fd);
+    if (tcp_ok && e->http_port[0])
+        r->status = http_get(e, path, deadline, &body, r->err, sizeof r->err);
+    free(body);
+    r->ok = tcp_ok && (e->http_port[0] == 0 || r->status == 200);
+    if (tcp_ok && r->status > 0 && r->status != 200)
+        snprintf(r->err, sizeof r->err, "%s answered %d", path, r->status);
+    r->ms = (now_s() - t0) * 1e3;
+}
+
 static int run_ping(const opts_t *o, const endpoint_t *eps, int n)
 {
     int bad = 0;
-    const char *path = o->ready ? "/readyz" : "/livez";
+    ping_result_t *res = calloc((size_t)n, sizeof *res);
+    fanout_t f = {.one = ping_one, .o = o, .eps = eps, .results = res, .n = n};
+    if (res == NULL) {
+        fprintf(stderr, "giftctl: out of memory\n");
+        return EXIT_FAIL;
+    }
+    fanout_run(&f);
     if (o->json)
         printf("{\"command\":\"ping\",\"shards\":[");
     for (int i = 0; i < n; i++) {
         const endpoint_t *e = &eps[i];
-        double t0 = now_s(), deadline = t0 + o->timeout;
-        char err[256] = "", *body = NULL;
-        int status = -1, tcp_ok;
-        int fd = tcp_connect(e->host, e->port, deadline, err, sizeof err);
-        tcp_ok = fd >= 0;
-        if (fd >= 0)
-            close(fd);
-        if (tcp_ok && e->http_port[0])
-            status = http_get(e, path, deadline, &body, err, sizeof err);
-        free(body);
-        int ok = tcp_ok && (e->http_port[0] == 0 || status == 200);
-        if (tcp_ok && status > 0 && status != 200)
-            snprintf(err, sizeof err, "%s answered %d", path, status);
-        double ms = (now_s() - t0) * 1e3;
-        bad |= !ok;
+        const ping_result_t *r = &res[i];
+        bad |= !r->ok;
         if (o->json) {
             printf("%s{\"server\":", i ? "," : "");
             json_str(stdout, e->host);
             printf(",\"port\":%s,\"http_port\":%s,\"ok\":%s,\"http_status\":%d,\"ms\":%.3f",
-                   e->port, e->http_port[0] ? e->http_port : "null", ok ? "true" : "false", status,
-                   ms);
-            if (!ok) {
+                   e->port, e->http_port[0] ? e->http_port : "null", r->ok ? "true" : "false",
+                   r->status, r->ms);
+            if (!r->ok) {
                 printf(",\"error\":");
-                json_str(stdout, err);
+                json_str(stdout, r->err);
             }
             printf("}");
-        } else if (ok) {
+        } else if (r->ok) {
             printf("%s:%s %s (%.1f ms)\n", e->host, e->port,
-                   e->http_port[0] ? (o->ready ? "ready" : "live") : "accepting", ms);
+                   e->http_port[0] ? (o->ready ? "ready" : "live") : "accepting", r->ms);
         } else {
-            printf("%s:%s DOWN: %s\n", e->host, e->port, err);
+            printf("%s:%s DOWN: %s\n", e->host, e->port, r->err);
         }
     }
     if (o->json)
         printf("],\"ok\":%s}\n", bad ? "false" : "true");
+    free(res);
     return bad ? EXIT_FAIL : 0;
 }
 
@@ -899,49 +986,72 @@ static void policy_json(const Gift__Stats *st)
     printf("]");
 }
 
+/* What one shard said to status, stats or policy. */
+typedef struct stats_result {
+    metrics_view_t m;
+    Gift__Stats *st;
+    char err[512];
+    long world;
+    int ok;
+} stats_result_t;
+
+static void stats_one(fanout_t *f, int i)
+{
+    const opts_t *o = f->o;
+    const endpoint_t *e = &f->eps[i];
+    stats_result_t *r = &((stats_result_t *)f->results)[i];
+    double deadline = now_s() + o->timeout;
+
+    memset(r, 0, sizeof *r);
+    /* The shard's own port first: a wrong --servers is named as such, not
+     * as a failure of the HTTP port next to it. */
+    {
+        char cerr[400];
+        int fd = tcp_connect(e->host, e->port, deadline, cerr, sizeof cerr);
+        if (fd < 0) {
+            snprintf(r->err, sizeof r->err, "shard protocol port: %s (is giftd running there? "
+                     "check --servers / GIFT_SERVERS)", cerr);
+            r->world = -1;
+            return;
+        }
+        close(fd);
+    }
+    metrics_read(e, deadline, &r->m);
+    r->world = world_for(o, &r->m, r->err, sizeof r->err);
+    if (r->world > 65536) {
+        snprintf(r->err, sizeof r->err, "world size %ld out of range", r->world);
+        r->world = -1;
+    }
+    if (r->world > 0)
+        r->ok = fetch_stats(e, (uint32_t)r->world, f->key, deadline, &r->st, r->err,
+                            sizeof r->err) == 0;
+    else if (r->world == 0)
+        r->ok = 1; /* no worker yet: nothing declared, nothing to ask */
+}
+
 static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
                                const gift_auth_key_t *key)
 {
     int bad = 0;
+    stats_result_t *res = calloc((size_t)n, sizeof *res);
+    fanout_t f = {.one = stats_one, .o = o, .eps = eps, .key = key, .results = res, .n = n};
+    if (res == NULL) {
+        fprintf(stderr, "giftctl: out of memory\n");
+        return EXIT_FAIL;
+    }
+    fanout_run(&f);
     if (o->json)
         printf("{\"command\":\"%s\",\"shards\":[",
                o->cmd == CMD_STATUS ? "status" : o->cmd == CMD_POLICY ? "policy" : "stats");
     for (int i = 0; i < n; i++) {
         const endpoint_t *e = &eps[i];
-        double deadline = now_s() + o->timeout;
-        metrics_view_t m;
-        Gift__Stats *st = NULL;
-        char err[512] = "";
-        long world;
-        int ok = 0;
+        metrics_view_t m = res[i].m;
+        Gift__Stats *st = res[i].st;
+        const char *err = res[i].err;
+        long world = res[i].world;
+        int ok = res[i].ok;
 
-        /* The shard's own port first: a wrong --servers is named as such,
-         * not as a failure of the HTTP port next to it. */
-        {
-            char cerr[400];
-            int fd = tcp_connect(e->host, e->port, deadline, cerr, sizeof cerr);
-            if (fd < 0) {
-                snprintf(err, sizeof err, "shard protocol port: %s (is giftd running there? "
-                         "check --servers / GIFT_SERVERS)", cerr);
-                memset(&m, 0, sizeof m);
-                world = -1;
-                goto report;
-            }
-            close(fd);
-        }
-        metrics_read(e, deadline, &m);
-        world = world_for(o, &m, err, sizeof err);
-        if (world > 65536) {
-            snprintf(err, sizeof err, "world size %ld out of range", world);
-            world = -1;
-        }
-        if (world > 0)
-            ok = fetch_stats(e, (uint32_t)world, key, deadline, &st, err, sizeof err) == 0;
-        else if (world == 0)
-            ok = 1; /* no worker yet: nothing declared, nothing to ask */
-    report:
         bad |= !ok;
-
         if (o->json) {
             printf("%s{\"server\":", i ? "," : "");
             json_str(stdout, e->host);
@@ -1046,6 +1156,7 @@ static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
     }
     if (o->json)
         printf("],\"ok\":%s}\n", bad ? "false" : "true");
+    free(res);
     return bad ? EXIT_FAIL : 0;
 }
 
@@ -1159,7 +1270,9 @@ static void usage(FILE *f)
                "                      \"off\" (default: each server's port + 1)\n"
                "  -w, --world N       world size to say hello with (default: giftd_world_size\n"
                "                      from /metrics, else $GIFT_WORLD or $WORLD_SIZE)\n"
-               "  -t, --timeout SEC   per shard (default 5)\n"
+               "  -t, --timeout SEC   per shard (default 5); ping, status, stats and policy\n"
+               "                      ask every shard at once (up to 64), so dead shards\n"
+               "                      cost about one SEC in all; reset asks them in turn\n"
                "      --ready         ping: require /readyz rather than /livez\n"
                "      --run-id ID     reset: only a shard holding run ID (GIFT_RUN_ID)\n"
                "      --force         reset: even with workers connected (they are closed\n"

@@ -11,6 +11,12 @@
 #     waiting), which tests/server/metrics_check.sh does not reach.
 #  4. Exit codes: 2 for usage errors, 1 for a shard that does not answer;
 #     a dead shard is named by its protocol port, with the --servers fix.
+#  4b. Four dead shards (ports that accept and never answer, two of them
+#     accepting at the application level too) beside the live one: status,
+#     stats and ping ask all shards at once, so each takes less than two
+#     --timeout in all (one shard after another: four or more), prints the
+#     live shard's answer in its --servers place, names every dead one with
+#     its error, and exits 1.
 #  5. Against a shard with an auth_key_file: status without the key, or with
 #     a wrong one, fails naming the reason; with the key it answers. (Skipped
 #     with a note when this giftd cannot start with a key.)
@@ -136,6 +142,88 @@ out=$("$giftctl" --servers 127.0.0.1:1 --timeout 2 status 2>&1)
 set -e
 [[ $out == *"127.0.0.1:1"*"refused"*"--servers"* && $out != *"127.0.0.1:2"* && $out != *"--world"* ]] ||
     fail "dead shard status names the wrong port or fix: $out"
+# 4b. Dead shards beside the live one, asked at once. The helper listens on 8
+# ports (a protocol and an HTTP port per dead shard), accepts on two of them
+# and holds those connections without a byte, never accepts on the others
+# (the kernel completes the handshake all the same), and exits after 60 s
+# whatever happens.
+"$py" - "$work/dead-ports" <<'PY' &
+import os, select, signal, socket, sys
+signal.alarm(60)
+socks = []
+for _ in range(8):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    socks.append(s)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(" ".join(str(s.getsockname()[1]) for s in socks) + "\n")
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+held, accepting = [], socks[:2]
+while True:
+    for s in select.select(accepting, [], [])[0]:
+        held.append(s.accept()[0])
+PY
+pids+=($!)
+for _ in $(seq 1 100); do [[ -s $work/dead-ports ]] && break; sleep 0.05; done
+read -r -a dp <"$work/dead-ports" || fail "the dead-shard helper gave no ports"
+[[ ${#dp[@]} -eq 8 ]] || fail "the dead-shard helper gave ${#dp[@]} ports"
+to=3
+servers="127.0.0.1:${dp[0]},127.0.0.1:${dp[1]},127.0.0.1:$port,127.0.0.1:${dp[2]},127.0.0.1:${dp[3]}"
+https="127.0.0.1:${dp[4]},127.0.0.1:${dp[5]},127.0.0.1:$http_port,127.0.0.1:${dp[6]},127.0.0.1:${dp[7]}"
+# dead_check ARGS...: giftctl ARGS against the five; exit 1 in under 2 x --timeout.
+dead_check() {
+    local t0 t1 rc ms
+    t0=$(date +%s%N)
+    set +e
+    "$giftctl" --servers "$servers" --http "$https" --timeout "$to" "$@" >"$work/dead.out" 2>&1
+    rc=$?
+    set -e
+    t1=$(date +%s%N)
+    out=$(cat "$work/dead.out")
+    ms=$(((t1 - t0) / 1000000))
+    [[ $rc -eq 1 ]] || fail "$* with 4 dead shards: want exit 1, got $rc: $out"
+    ((ms < 2 * to * 1000)) ||
+        fail "$* with 4 dead shards took $ms ms, not below 2 x --timeout $to s (asked one after another?): $out"
+    echo "giftctl_check: $* with 4 dead shards and 1 live: $ms ms (--timeout $to s), exit 1"
+}
+dead_check stats
+mapfile -t lines <"$work/dead.out"
+k=0
+for i in 0 1 2 3 4; do
+    if ((i == 2)); then
+        [[ ${lines[$k]:-} == "shard 127.0.0.1:$port (id 0), world 2" ]] ||
+            fail "stats: line $k is not the live shard's answer: $out"
+        [[ ${lines[$((k + 2))]:-} == *"pushes "* ]] || fail "stats: the live shard's counters: $out"
+        k=$((k + 3))
+    else
+        d=${dp[$((i < 2 ? i : i - 1))]}
+        [[ ${lines[$k]:-} =~ ^shard\ 127\.0\.0\.1:$d:\ ERROR\ .+ ]] ||
+            fail "stats: line $k does not name dead shard 127.0.0.1:$d with its error: $out"
+        k=$((k + 1))
+    fi
+done
+dead_check --json status
+"$py" - "$work/dead.out" "$port" "${dp[@]:0:4}" <<'PY' || fail "status --json with dead shards: $out"
+import json, sys
+d = json.load(open(sys.argv[1]))
+live, dead = int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
+assert d["command"] == "status" and d["ok"] is False, d
+assert [s["port"] for s in d["shards"]] == dead[:2] + [live] + dead[2:], d
+for s in d["shards"]:
+    if s["port"] == live:
+        assert s["ok"] and s["world_size"] == 2 and len(s["tensors"]) == 3, s
+    else:
+        assert not s["ok"] and s["error"], s
+PY
+dead_check ping
+for d in "${dp[@]:0:4}"; do
+    grep -Eq "^127\.0\.0\.1:$d DOWN: .+" <<<"$out" || fail "ping does not name dead shard $d: $out"
+done
+grep -Eq "^127\.0\.0\.1:$port live " <<<"$out" || fail "ping does not show the live shard: $out"
+kill -KILL "${pids[-1]}" 2>/dev/null || true
+wait "${pids[-1]}" 2>/dev/null || true
+
 # 5. Authentication.
 umask 077
 head -c 32 /dev/urandom | base64 >"$work/key"
