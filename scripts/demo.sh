@@ -31,7 +31,7 @@ servers=""
 for i in 0 1; do
   ready="bench/out/giftd-$i.ready"
   : >"$ready"
-  build/server/giftd --port 0 --http-port 0 --shard-id "$i" --num-shards 2 \
+  build/server/giftd --port 0 --http-port 0 --shard-id "$i" --num-shards 2 --world-size 2 \
     >"$ready" 2>"bench/out/giftd-$i.log" &
   pids+=("$!")
   for _ in $(seq 1 100); do

@@ -55,6 +55,12 @@ static const gift_config_option_t options[] = {
     {.name = "reset", .type = GIFT_CONFIG_ACTION, .where = GIFT_CONFIG_IN_FLAG, FIELD(reset),
      .help = "Discard the state kept in data_dir (checkpoint and step logs) before\n"
              "starting, so that the shard starts empty and adopts the next run."},
+    {.name = "discard_state", .type = GIFT_CONFIG_ACTION, .where = GIFT_CONFIG_IN_FLAG,
+     FIELD(discard_state),
+     .help = "Move the state kept in data_dir (checkpoint, step logs and any file\n"
+             "giftd does not know) aside into data_dir/discarded-YYYYMMDDTHHMMSSZ/\n"
+             "before starting, so that the shard starts empty; nothing is deleted.\n"
+             "Needed when giftd refuses a data_dir it cannot account for."},
     {.name = "config", .type = GIFT_CONFIG_STRING,
      .where = GIFT_CONFIG_IN_FLAG | GIFT_CONFIG_IN_ENV, FIELD(config), .defval = "",
      .metavar = "FILE",
@@ -83,11 +89,14 @@ static const gift_config_option_t options[] = {
      .min = 1, .max = 65536, .defval = "1", .metavar = "N",
      .help = "Number of shards in the cluster."},
     {.name = "world_size", .type = GIFT_CONFIG_INT, .where = GIFT_CONFIG_IN_ALL, FIELD(world_size),
-     .min = 0, .max = 65536, .defval = "0", .metavar = "N",
-     .help = "Number of workers. 0: the world size of the worker whose Declare first\n"
-             "builds this shard's tensors (a Hello alone never sets it; with\n"
-             "auth_key_file set, that Hello is authenticated). Set it on networks where\n"
-             "other peers can reach giftd."},
+     .flags = GIFT_CONFIG_REQUIRED, .min = 1, .max = 65536, .off_word = "auto", .off_value = 0,
+     .defval = "auto", .metavar = "N|auto",
+     .help = "Number of workers. Required: giftd does not start without it, so that\n"
+             "no peer decides the cluster's shape. \"auto\" trusts the first Declare:\n"
+             "the world size of the worker whose Declare first builds this shard's\n"
+             "tensors (a Hello alone never sets it; with auth_key_file set, only a\n"
+             "key holder can send that Declare). Use auto only where no other peer\n"
+             "can reach giftd, or with auth_key_file."},
 
     /* Storage. */
     {.name = "data_dir", .type = GIFT_CONFIG_STRING, .where = GIFT_CONFIG_IN_ALL,
@@ -1112,6 +1121,22 @@ int gift_config_load(gift_config_t *c, int argc, char **argv, char **envp, char 
     return check_whole(c, err, errlen);
 }
 
+int gift_config_check_required(const gift_config_t *c, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if ((options[i].flags & GIFT_CONFIG_REQUIRED) &&
+            c->origin[i].source == GIFT_CONFIG_FROM_DEFAULT) {
+            char flag[64], env[64];
+            flag_name(&options[i], flag, sizeof flag);
+            env_name(&options[i], env, sizeof env);
+            return fail(err, errlen,
+                        "%s is not set: pass %s N (the number of workers), or %s auto to "
+                        "trust the first Declare (key %s, env %s)",
+                        options[i].name, flag, flag, options[i].name, env);
+        }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* --help and --check-config                                            */
 /* ------------------------------------------------------------------ */
@@ -1176,8 +1201,11 @@ void gift_config_usage(FILE *f)
                 fprintf(f, "%senv: %s", sep ? "   " : "", env);
                 sep = true;
             }
-            fprintf(f, "%sdefault: %s\n", sep ? "   " : "",
-                    o->defval[0] != '\0' ? o->defval : "\"\" (none)");
+            if (o->flags & GIFT_CONFIG_REQUIRED)
+                fprintf(f, "%srequired\n", sep ? "   " : "");
+            else
+                fprintf(f, "%sdefault: %s\n", sep ? "   " : "",
+                        o->defval[0] != '\0' ? o->defval : "\"\" (none)");
         }
         fputc('\n', f);
     }

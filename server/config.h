@@ -119,6 +119,7 @@ typedef struct gift_config {
     bool version;      /* --version: print the version and exit 0 */
     bool check_config; /* --check-config: print gift_config_dump() and exit */
     bool reset;        /* --reset: discard data_dir's checkpoint and step logs, then start */
+    bool discard_state; /* --discard-state: move data_dir's state aside, then start */
     /* Where each option's value came from, indexed like the option table. */
     gift_config_origin_t origin[GIFT_CONFIG_MAX_OPTIONS];
 } gift_config_t;
@@ -142,6 +143,7 @@ enum gift_config_type {
 
 /* Option flags. */
 #define GIFT_CONFIG_NONEMPTY 1u /* a string that may not be empty */
+#define GIFT_CONFIG_REQUIRED 2u /* must be set (file, env or flag); its default is only a placeholder */
 
 /* One entry of the option table. The flag is "--" + name with '_' -> '-';
  * the environment variable is "GIFTD_" + upper-case name. */
@@ -149,7 +151,7 @@ typedef struct gift_config_option {
     const char *name; /* INI key, e.g. "max_connections" */
     enum gift_config_type type;
     unsigned where;           /* GIFT_CONFIG_IN_* */
-    unsigned flags;           /* GIFT_CONFIG_NONEMPTY */
+    unsigned flags;           /* GIFT_CONFIG_NONEMPTY, GIFT_CONFIG_REQUIRED */
     char short_flag;          /* e.g. 'h' for -h, or 0 */
     size_t offset;            /* of the field in gift_config_t */
     size_t size;              /* of the field */
@@ -167,6 +169,11 @@ const gift_config_option_t *gift_config_options(size_t *count);
 
 /* Returns the table index of the option called `name` (INI spelling), or -1. */
 int gift_config_option_index(const char *name);
+
+/* GIFT_ECONFIG with a message naming the first GIFT_CONFIG_REQUIRED option
+ * that *c still holds at its default (no file, variable or flag set it), or
+ * 0. giftd checks it after --help and --version, before anything else. */
+int gift_config_check_required(const gift_config_t *c, char *err, size_t errlen);
 
 /* Fills *c with the defaults of the option table; all origins are "default". */
 void gift_config_defaults(gift_config_t *c);

@@ -59,6 +59,11 @@ int main(int argc, char **argv)
         printf("giftd %s (protocol %d)\n", GIFT_CODEC_VERSION, GIFT_PROTOCOL_VERSION);
         return 0;
     }
+    /* world_size has no default: no peer may decide the cluster's shape. */
+    if (gift_config_check_required(&c, err, sizeof err) < 0) {
+        fprintf(stderr, "giftd: %s\n(try giftd --help)\n", err);
+        return 2;
+    }
     if (c.check_config) {
         gift_config_dump(&c, stdout);
         return ferror(stdout) ? 1 : 0;

@@ -203,6 +203,9 @@ static inline int daemon_start_opts(const daemon_opts_t *o, const char *const *e
     argv[argc++] = (char *)"0";
     argv[argc++] = (char *)"--http-port";
     argv[argc++] = (char *)"0";
+    /* world_size is required; a suite's own --world-size comes later and wins. */
+    argv[argc++] = (char *)"--world-size";
+    argv[argc++] = (char *)"auto";
     for (int l = 0; l < 2; l++)
         for (const char *const *a = lists[l]; a != NULL && *a != NULL && argc < 47; a++)
             argv[argc++] = (char *)*a;

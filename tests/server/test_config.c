@@ -758,6 +758,37 @@ END_TEST
 /* Actions, --help, --check-config, the sample file                     */
 /* ------------------------------------------------------------------ */
 
+/* world_size is required: the defaults, or a file, variable or flag that
+ * sets anything else, fail the check with a message naming the flag, auto
+ * and the variable; auto or a number from any source passes; 0 (the old
+ * "from the first Declare") is refused as out of range. */
+START_TEST(test_world_size_required)
+{
+    gift_config_t c;
+    char err[ERRLEN];
+    const char *path;
+
+    load_ok(&c, L("--port", "9"), NULL);
+    ck_assert_int_eq(gift_config_check_required(&c, err, sizeof err), GIFT_ECONFIG);
+    ck_assert_msg(strstr(err, "world_size is not set") && strstr(err, "--world-size N") &&
+                      strstr(err, "--world-size auto") && strstr(err, "GIFTD_WORLD_SIZE"),
+                  "err '%s'", err);
+    load_ok(&c, L("--world-size", "auto"), NULL);
+    ck_assert_int_eq(gift_config_check_required(&c, err, sizeof err), 0);
+    ck_assert_int_eq(c.world_size, 0);
+    load_ok(&c, NULL, L("GIFTD_WORLD_SIZE=4"));
+    ck_assert_int_eq(gift_config_check_required(&c, err, sizeof err), 0);
+    ck_assert_int_eq(c.world_size, 4);
+    path = write_tmp("[giftd]\nworld_size = 3\n");
+    load_ok(&c, L("--config", path), NULL);
+    ck_assert_int_eq(gift_config_check_required(&c, err, sizeof err), 0);
+    ck_assert_int_eq(c.world_size, 3);
+    unlink(path);
+    ck_assert_int_eq(load(&c, L("--world-size", "0"), NULL, err, sizeof err), GIFT_ECONFIG);
+    ck_assert_msg(strstr(err, "1..65536 or auto"), "err '%s'", err);
+}
+END_TEST
+
 START_TEST(test_actions)
 {
     gift_config_t c;
@@ -816,7 +847,11 @@ START_TEST(test_usage)
             want[k] = '\0';
             ck_assert_msg(strstr(text, want) != NULL, "--help lacks '%s'", want);
         }
-        if (t[i].type != GIFT_CONFIG_ACTION) {
+        if (t[i].type != GIFT_CONFIG_ACTION && (t[i].flags & GIFT_CONFIG_REQUIRED)) {
+            snprintf(want, sizeof want, "env: GIFTD_WORLD_SIZE   required\n");
+            ck_assert_msg(strcmp(t[i].name, "world_size") != 0 || strstr(text, want) != NULL,
+                          "--help lacks '%s' for %s", want, t[i].name);
+        } else if (t[i].type != GIFT_CONFIG_ACTION) {
             snprintf(want, sizeof want, "default: %s\n", t[i].defval[0] ? t[i].defval : "\"\"");
             if (t[i].defval[0] == '\0')
                 want[strlen(want) - 1] = '\0';
@@ -1159,6 +1194,7 @@ static Suite *config_suite(void)
     tc = tcase_create("actions");
     tcase_add_checked_fixture(tc, tmp_setup, tmp_teardown);
     tcase_add_test(tc, test_actions);
+    tcase_add_test(tc, test_world_size_required);
     tcase_add_test(tc, test_usage);
     tcase_add_test(tc, test_dump_round_trip);
     tcase_add_test(tc, test_sample_conf);

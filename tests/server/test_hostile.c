@@ -23,6 +23,8 @@
  *            own first pushes; the limit does not chain), a Hello claiming
  *            progress before the first step (refused alone), a run id with
  *            a NUL byte.
+ *   world    giftd without world_size does not start; a rogue first Hello
+ *            of world 65536 is refused and the pair runs.
  *   churn    rounds of bad connections; RSS before and after each round.
  *
  * Every test starts its own giftd on 127.0.0.1 with port 0 (Check forks per
@@ -35,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "gift_test_check.h"
 #include "gift_test_frames.h"
@@ -793,6 +796,47 @@ START_TEST(test_hostile_stranger)
 }
 END_TEST
 
+/* No peer decides the cluster's shape: giftd without world_size does not
+ * start (exit 2, a message naming --world-size N and auto); with it, the
+ * probe's rogue first Hello of world 65536 (which would then have declared a
+ * 1x1 tensor and fixed the world) is refused, and the real pair runs. */
+START_TEST(test_hostile_world)
+{
+    static const char *const flags[] = {"--world-size", "2", NULL};
+    char cmd[512], out[1024];
+    size_t n;
+    FILE *f;
+    int rc;
+    pair_t p;
+    raw_t a;
+
+    snprintf(cmd, sizeof cmd, "'%s' --bind 127.0.0.1 --port 0 --http-port off 2>&1", GIFTD_BIN);
+    f = popen(cmd, "r");
+    ck_assert_msg(f != NULL, "popen: %s", strerror(errno));
+    n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    rc = pclose(f);
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 2,
+                  "giftd without world_size: status %d, want exit 2; output:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "world_size is not set") && strstr(out, "--world-size N") &&
+                      strstr(out, "--world-size auto"),
+                  "giftd without world_size says:\n%s", out);
+
+    daemon_start(flags);
+    raw_open(&a);
+    raw_send_hello(&a, 0, 65536, NULL, NULL);
+    raw_expect_error(&a, GIFT_EWORLD, 1, "a rogue first Hello of world 65536");
+    ck_assert_msg(strstr(a.f.env->error->text, "the cluster has 2"), "text: %s",
+                  a.f.env->error->text);
+    raw_close(&a);
+    pair_open(&p);
+    pair_step(&p);
+    pair_step(&p);
+    pair_close(&p);
+    daemon_stop();
+}
+END_TEST
+
 /* ------------------------------------------------------------------ */
 /* 6. Connection churn                                                   */
 /* ------------------------------------------------------------------ */
@@ -861,6 +905,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_hostile_rank);
     tcase_add_test(tc, test_hostile_auth);
     tcase_add_test(tc, test_hostile_stranger);
+    tcase_add_test(tc, test_hostile_world);
     tcase_add_test(tc, test_hostile_churn);
     suite_add_tcase(s, tc);
     return s;

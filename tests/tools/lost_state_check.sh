@@ -41,7 +41,7 @@ start() {
     local i=$1 p=$2 line
     shift 2
     rm -f "$work/ready$i"
-    "$giftd" --bind 127.0.0.1 --port "$p" --http-port off --shard-id "$i" --num-shards 2 "$@" \
+    "$giftd" --bind 127.0.0.1 --port "$p" --http-port off --shard-id "$i" --num-shards 2 --world-size 2 "$@" \
         >"$work/ready$i" 2>>"$work/giftd$i.log" &
     spid[$i]=$!
     for _ in $(seq 1 200); do

@@ -45,7 +45,7 @@ unset RANK WORLD_SIZE
 start() {
     local line
     rm -f "$work/ready"
-    "$giftd" --bind 127.0.0.1 --port 0 --http-port 0 --data-dir "$work/data" \
+    "$giftd" --bind 127.0.0.1 --port 0 --http-port 0 --world-size auto --data-dir "$work/data" \
         --checkpoint-steps 1 "$@" >"$work/ready" 2>>"$work/giftd.log" &
     pid=$!
     for _ in $(seq 1 200); do

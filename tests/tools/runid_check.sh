@@ -33,7 +33,7 @@ while IFS= read -r var; do unset "$var"; done < <(compgen -e | grep -E '^(GIFTD_
 start() {
     # A fresh ready file: the last giftd's line must not be read as this one's.
     rm -f "$work/ready"
-    "$giftd" --bind 127.0.0.1 --port 0 --http-port 0 --data-dir "$work/data" \
+    "$giftd" --bind 127.0.0.1 --port 0 --http-port 0 --world-size auto --data-dir "$work/data" \
         --checkpoint-steps 1 "$@" >"$work/ready" 2>>"$work/giftd.log" &
     pid=$!
     port=''
