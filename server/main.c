@@ -97,7 +97,7 @@ int main(int argc, char **argv)
     if (c.checkpoint_steps > 0 && c.data_dir[0]) {
         static int lock_fd = -1; /* never closed: the lock lives as long as the process */
         char where[4200], big[1024];
-        const char *flag = 0 ? "--discard-state" : "--reset";
+        const char *flag = c.discard_state ? "--discard-state" : "--reset";
         if (gift_ckpt_mkdir(c.data_dir, err, sizeof err) < 0) {
             GIFT_LOG_ERROR(0, "%s", err);
             return 1;
@@ -106,7 +106,7 @@ int main(int argc, char **argv)
             GIFT_LOG_ERROR(0, "%s", err);
             return rc == GIFT_EBUSY ? 2 : 1;
         }
-        if (c.reset || 0) {
+        if (c.reset || c.discard_state) {
             /* Moved aside, never deleted: a mistaken reset can be undone. */
             if ((rc = gift_ckpt_discard(c.data_dir, where, sizeof where, err, sizeof err)) < 0) {
                 GIFT_LOG_ERROR(0, "%s: %s", flag, err);
@@ -124,9 +124,9 @@ int main(int argc, char **argv)
             GIFT_LOG_ERROR(0, "%s", big);
             return 2;
         }
-    } else if (c.reset || 0) {
+    } else if (c.reset || c.discard_state) {
         GIFT_LOG_INFO(0, "%s: no persistence (checkpoint_steps 0): nothing to discard",
-                      0 ? "--discard-state" : "--reset");
+                      c.discard_state ? "--discard-state" : "--reset");
     }
 
     memset(&o, 0, sizeof o);
