@@ -7,7 +7,8 @@
 #     fails and its stderr names both runs and the reset.
 #  3. giftd restarted on the same data directory still holds run-a (the run
 #     id is checkpointed with the declaration) and refuses run-b again.
-#  4. giftd restarted with --reset discards the data directory: run-b runs.
+#  4. giftd restarted with --reset moves the data directory's state aside
+#     (the same files in data/discarded-*/): run-b runs.
 set -euo pipefail
 
 giftd=${1:?usage: runid_check.sh GIFTD PUSH_PULL}
@@ -64,8 +65,16 @@ stop
 start
 refused "after a restart"
 stop
+mkdir "$work/before"
+cp -p "$work/data/checkpoint" "$work/data"/log-* "$work/before/"
 start --reset
-grep -q -- "--reset: discarded" "$work/giftd.log" || fail "giftd --reset does not say what it did"
+grep -q -- "--reset: moved the state of $work/data (.* entries) into $work/data/discarded-" \
+    "$work/giftd.log" || fail "giftd --reset does not say what it did and where the state went"
+# Moved aside, not deleted: run-a's files are in the discarded-* folder.
+for f in "$work/before"/*; do
+    cmp -s "$f" "$work/data"/discarded-*/"${f##*/}" ||
+        fail "--reset: ${f##*/} is not in $work/data/discarded-*/ unchanged: $(ls -R "$work/data")"
+done
 run run-b || fail "run-b after giftd --reset"
 stop
 echo "runid_check: ok"
