@@ -53,8 +53,9 @@ static const gift_config_option_t options[] = {
      .help = "Validate the configuration, print it as an INI file (noting where each\n"
              "value came from) and exit; an invalid one is reported with a non-zero exit."},
     {.name = "reset", .type = GIFT_CONFIG_ACTION, .where = GIFT_CONFIG_IN_FLAG, FIELD(reset),
-     .help = "Discard the state kept in data_dir (checkpoint and step logs) before\n"
-             "starting, so that the shard starts empty and adopts the next run."},
+     .help = "Move the state kept in data_dir (checkpoint and step logs) aside into\n"
+             "data_dir/discarded-YYYYMMDDTHHMMSSZ/ before starting, so that the shard\n"
+             "starts empty and adopts the next run; nothing is deleted."},
     {.name = "discard_state", .type = GIFT_CONFIG_ACTION, .where = GIFT_CONFIG_IN_FLAG,
      FIELD(discard_state),
      .help = "Move the state kept in data_dir (checkpoint, step logs and any file\n"
