@@ -1222,7 +1222,7 @@ static int run_reset(const opts_t *o, const endpoint_t *eps, int n, const gift_a
             if (r.closed)
                 printf(", closed %u worker connection%s", r.closed, r.closed == 1 ? "" : "s");
             printf("%s; it adopts the next run\n",
-                   r.files ? ", removed its checkpoint and step logs" : "");
+                   r.files ? ", moved its checkpoint and step logs aside (data_dir/discarded-*/)" : "");
         } else {
             printf("shard %s:%s: NOT RESET: %s\n", e->host, e->port, err);
         }

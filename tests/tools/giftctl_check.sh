@@ -49,7 +49,7 @@ fail() { echo "giftctl_check: FAIL: $*" >&2; exit 1; }
 while IFS= read -r var; do unset "$var"; done < <(compgen -e | grep -E '^(GIFTD_|GIFT_)' || true)
 unset RANK WORLD_SIZE
 
-"$giftd" --bind 127.0.0.1 --port 0 --http-port 0 --data-dir "$work/data" \
+"$giftd" --bind 127.0.0.1 --port 0 --http-port 0 --world-size auto --data-dir "$work/data" \
     >"$work/ready" 2>"$work/giftd.log" &
 pids+=($!)
 port='' http_port=''

@@ -94,7 +94,7 @@ if run run-b; then fail "run-b was accepted after a refused reset"; fi
 
 # 3. The reset; run-b runs; a restart keeps run-b.
 ctl 0 --run-id run-a
-has ctl.out "reset --run-id run-a" "(id 0): reset: dropped run 'run-a'" "removed its checkpoint and step logs" \
+has ctl.out "reset --run-id run-a" "(id 0): reset: dropped run 'run-a'" "moved its checkpoint and step logs aside" \
     "it adopts the next run"
 grep -q "reset (giftctl): dropped run 'run-a'" "$work/giftd.log" || fail "giftd does not log the reset"
 run run-b || fail "run-b after giftctl reset: $(tail -n 3 "$work/run.err")"
