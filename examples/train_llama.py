@@ -53,7 +53,7 @@ GIFT_SERVERS):
 
 or set those variables yourself against running shards. torchrun from
 Debian's torch 1.13 fails on Python 3.11 before starting any worker
-(AttributeError: 'NoneType' object has no attribute 'get'; README.md,
+(AttributeError: 'NoneType' object has no attribute 'get'; docs/TROUBLESHOOTING.md,
 "torchrun"); `torchrun --redirects 1 --tee 1 ...` avoids that bug.
 --timeout-ms bounds each push and pull (libgiftclient's default: 60 s);
 --chunk-kib sets the largest chunk (default 4096 KiB; on a slow link a

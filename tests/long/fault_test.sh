@@ -151,7 +151,7 @@ note "run B: bit-identical to run A ($((SECONDS - t)) s); rank 0: $(cat "$work/B
 
 # Run C: worker 1 SIGKILLs itself after step K (and after starting step
 # K + 1's pushes) and is restarted from its own checkpoint of step K. K + 1
-# is not a geometry refresh step (see the README's reliability section).
+# is not a geometry refresh step (docs/TROUBLESHOOTING.md, "Restarting one worker").
 t=$SECONDS
 k=$((steps / 2 + 7))
 start_shard 0 C

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compose_test.sh SRC: builds the images of SRC/docker/Dockerfile and runs
 # the compose cluster of SRC/docker/docker-compose.yml, the sequence of the
-# README's compose section:
+# docs/DEPLOYING.md's compose section:
 #
 #   - docker/base-image.sh (debian:bookworm{,-slim}, kept between runs),
 #     `docker build --network host` of the giftd and worker targets;
@@ -132,7 +132,7 @@ if ! docker info >/dev/null 2>&1; then
 fi
 say "docker $(docker version -f '{{.Server.Version}}'), $("${compose[@]}" version --short 2>/dev/null || echo "${compose[*]}")"
 
-# --- images (the README's sequence) --------------------------------------------
+# --- images (docs/DEPLOYING.md's sequence) --------------------------------------------
 t=$SECONDS
 "$src/docker/base-image.sh"
 t_base=$((SECONDS - t))
@@ -159,7 +159,7 @@ for img in giftd:latest giftd-worker:latest; do
 done
 
 # --- the cluster's settings ----------------------------------------------------
-# The README's way: docker/make-key.sh writes a fresh key (mode 600, owner
+# DEPLOYING.md's way: docker/make-key.sh writes a fresh key (mode 600, owner
 # 10001 as root) where there is none.
 key=$work/giftd_auth_key
 "$src/docker/make-key.sh" "$key" 2>/dev/null
