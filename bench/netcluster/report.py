@@ -266,6 +266,22 @@ def main(argv=None):
                 for p in ps:
                     for s, t, v in p["curve"]:
                         fh.write(f"{p['seed']},{s},{t:.4f},{v:.6f}\n")
+        # A baseline that ran slower than it can: a communicating arm whose step
+        # is shorter than the compute-only step of its seed (a negative wait for
+        # communication) means the none arm ran on a busier machine. Its limit
+        # ratios would flatter every arm, so they are withdrawn, the table says
+        # so, and rerun.txt names the none pieces to run again (run.sh does).
+        bad = sorted({(p["seed"], arm, p["step_median_s"], p["compute_s"])
+                      for arm, ps in arms.items() if arm != "none" for p in ps
+                      if p.get("comm_wait_s") is not None and p["comm_wait_s"] < 0})
+        if bad:
+            lrep["negative_comm_wait"] = [
+                {"seed": s, "arm": a, "step_median_s": st, "compute_s": c} for s, a, st, c in bad]
+            lrep["limit_s"] = lrep["pooled_limit_s"] = None
+            for a in lrep["arms"].values():
+                a["ttt_x_limit"] = a["pooled_x_limit"] = None
+            report.setdefault("rerun", []).extend(
+                sorted({f"{link}/none/s{s}" for s, _, _, _ in bad}))
         # The regime this table measured: ddp-allreduce's wait for communication
         # as a share of its step (the none arm's step of the same seed as its
         # compute; the mean over seeds), beside the share the calibration
@@ -281,6 +297,12 @@ def main(argv=None):
         plot(link, arms, target, os.path.join(rep_dir, link + ".png"))
         md += table(link, lrep)
     md += targets(report)
+    rerun = os.path.join(rep_dir, "rerun.txt")
+    if report.get("rerun"):
+        with open(rerun, "w") as fh:
+            fh.write("\n".join(report["rerun"]) + "\n")
+    elif os.path.exists(rerun):
+        os.remove(rerun)
     with open(os.path.join(rep_dir, "report.json"), "w") as fh:
         json.dump(report, fh, indent=1)
     with open(os.path.join(rep_dir, "table.md"), "w") as fh:
@@ -309,6 +331,13 @@ def table(link, lrep):
            "(eth0; giftd) | final val loss | time to target s | x ddp-allreduce | "
            "time to pooled target s (x ddp-allreduce) | CPU s/step |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for b in lrep.get("negative_comm_wait", []):
+        out.insert(2, f"**FLAGGED, do not report**: {b['arm']} seed {b['seed']} stepped in "
+                   f"{b['step_median_s'] * 1e3:.1f} ms, below the compute-only step "
+                   f"{b['compute_s'] * 1e3:.1f} ms (a negative communication wait: the none arm "
+                   f"ran slower than it can); the limits and ratios to them are withdrawn; rerun "
+                   f"the none arm of that seed (run.sh does, report/rerun.txt).")
+        out.insert(3, "")
     for name, a in arms.items():
         ttt, rel = a["time_to_target_s"], a["ttt_x_ddp_allreduce"]
         reached = ("(compute only)" if name == "none" else

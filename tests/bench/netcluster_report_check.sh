@@ -15,6 +15,9 @@
 #     third; times to target and the x ddp-allreduce ratio follow the curves;
 #     a link whose calibration entry has its own date and compute step (one
 #     calibrated apart from the other) prints them.
+#  3. a communicating arm faster than the compute-only arm of its seed (a
+#     negative wait) flags the table, withdraws its limits and names the
+#     none piece in report/rerun.txt, which run.sh runs again.
 # Exit 77 (skipped) without /usr/bin/python3.
 set -euo pipefail
 
@@ -93,4 +96,27 @@ assert line in md and "the setting wants 33%" in md, md[:2000]
 # A link calibrated apart from the others says when and against what.
 assert "calibrated 2026-12-04T00:00:00Z against a 64.0 ms compute step" in md, md[:800]
 PY
+# 3. A baseline that ran slower than it can: nvfp4-gift's seed 2 steps in
+# 60 ms, below none's 66 ms (a negative communication wait). The table is
+# flagged, its limits withdrawn, and rerun.txt names paper/none/s2; once the
+# none piece is faster again, the flag and rerun.txt are gone.
+sed -i 's/^\([0-9]*\),1.0,\([0-9.]*\),1000,0.075,/\1,1.0,\2,1000,0.060,/' "$nc/paper/nvfp4-gift/s2/log.csv"
+"$py" "$repo/bench/netcluster/report.py" --out "$nc" --quiet 2>"$work/report.err" \
+    || { cat "$work/report.err" >&2; fail "report.py on a flagged table"; }
+grep -q "FLAGGED, do not report.*nvfp4-gift seed 2 stepped in 60.0 ms, below the compute-only step 66.0 ms" \
+    "$nc/report/table.md" || fail "no flag in the table: $(head -c 1500 "$nc/report/table.md")"
+[[ $(cat "$nc/report/rerun.txt") == "paper/none/s2" ]] ||
+    fail "rerun.txt: '$(cat "$nc/report/rerun.txt" 2>/dev/null)', want paper/none/s2"
+"$py" - "$nc/report" <<'PY' || fail "the flagged report (above)"
+import json, sys
+lk = json.load(open(sys.argv[1] + "/report.json"))["links"]["paper"]
+assert lk["negative_comm_wait"] == [{"seed": 2, "arm": "nvfp4-gift", "step_median_s": 0.06,
+                                     "compute_s": 0.066}], lk["negative_comm_wait"]
+assert lk["limit_s"] is None and all(a["ttt_x_limit"] is None for a in lk["arms"].values()), lk
+PY
+sed -i 's/^\([0-9]*\),1.0,\([0-9.]*\),1000,0.066,/\1,1.0,\2,1000,0.055,/' "$nc/paper/none/s2/log.csv"
+"$py" "$repo/bench/netcluster/report.py" --out "$nc" --quiet 2>"$work/report.err" \
+    || { cat "$work/report.err" >&2; fail "report.py after the rerun"; }
+[[ ! -e $nc/report/rerun.txt ]] || fail "rerun.txt left after the none piece ran faster"
+grep -q FLAGGED "$nc/report/table.md" && fail "the table is still flagged"
 echo "netcluster report: ok"
