@@ -10,11 +10,9 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 
-#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -470,7 +468,8 @@ int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
         return rc;
     c = *out;
     *out = NULL;
-    if ((rc = gift__net_start(c)) < 0) {
+    c->io = gift__net_io();
+    if ((rc = c->io->start(c)) < 0) {
         client_free(c);
         return rc;
     }
@@ -486,38 +485,6 @@ int gift_client_open(const gift_client_opts_t *opts, gift_client_t **out)
     }
     *out = c;
     return 0;
-}
-
-void gift__client_note(gift_client_t *c, const char *fmt, ...)
-{
-    char text[sizeof c->last_err];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "giftclient: %s\n", text);
-    pthread_mutex_lock(&c->mu);
-    memcpy(c->last_err, text, sizeof text);
-    pthread_mutex_unlock(&c->mu);
-}
-
-const char *gift__shard_addr(const gift_client_t *c, uint32_t shard, char *buf, size_t len)
-{
-    const struct sockaddr_storage *a = &c->addrs[shard];
-    char host[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
-    if (a->ss_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)a;
-        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-        port = ntohs(in->sin_port);
-        snprintf(buf, len, "%s:%u", host, port);
-    } else {
-        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)a;
-        inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof host);
-        port = ntohs(in->sin6_port);
-        snprintf(buf, len, "[%s]:%u", host, port);
-    }
-    return buf;
 }
 
 int gift_client_last_error(gift_client_t *c, char *buf, size_t len)
@@ -545,7 +512,7 @@ void gift_client_close(gift_client_t *c)
         memset(&cmd, 0, sizeof cmd);
         cmd.kind = GIFT__CMD_CLOSE;
         run_cmd(c, &cmd);
-        gift__net_join(c);
+        c->io->join(c);
     }
     client_free(c);
 }

@@ -421,7 +421,7 @@ static void push_retire(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
             (void)gift_gpu_sync(d->ctx);
         }
     }
-    gift__eng_push_encoded(c, w);
+    c->eng->push_encoded(c, w);
 }
 
 /* Enqueues a push; returns 1 when reports are to come, 0 when it is over. */
@@ -437,8 +437,8 @@ static int run_push(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
     j->nexp = j->nrep = 0;
     j->err = 0;
     j->first_bad = UINT32_MAX;
-    if (gift__eng_push_gone(ps)) { /* failed or abandoned while it waited */
-        gift__eng_push_encoded(c, w);
+    if (c->eng->push_gone(ps)) { /* failed or abandoned while it waited */
+        c->eng->push_encoded(c, w);
         return 0;
     }
     (void)cudaSetDevice(d->dev);
@@ -484,7 +484,7 @@ static int run_push(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
             say(d, w, "push", rc);
         j->err = rc;
         j->first_bad = j->nexp;
-        gift__eng_push_fail(c, ps, rc);
+        c->eng->push_fail(c, ps, rc);
         if (j->nexp == 0) {
             push_retire(c, d, j);
             return 0;
@@ -505,11 +505,11 @@ static int poll_push(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         if (j->err != 0)
             continue;
         if (st == 0) {
-            gift__eng_push_chunk_ready(c, w, ps, k);
+            c->eng->push_chunk_ready(c, w, ps, k);
         } else {
             j->err = st;
             j->first_bad = k;
-            gift__eng_push_fail(c, ps, st);
+            c->eng->push_fail(c, ps, st);
         }
     }
     if (j->nrep < j->nexp)
@@ -545,7 +545,7 @@ static int run_pull(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         return 0;
     if (pl->err != 0) {
         if (pl->ngot == w->nchunks)
-            gift__eng_pull_done(c, w, pl);
+            c->eng->pull_done(c, w, pl);
         return 0;
     }
     (void)cudaSetDevice(d->dev);
@@ -586,7 +586,7 @@ static int run_pull(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
         if (pl->err == 0)
             pl->err = rc;
         if (pl->ngot == w->nchunks)
-            gift__eng_pull_done(c, w, pl);
+            c->eng->pull_done(c, w, pl);
         return 0;
     }
     j->nexp = 1;
@@ -612,7 +612,7 @@ static int poll_pull(gift_client_t *c, gift__gdev_t *d, gift__job_t *j)
     if (st != 0 && pl->err == 0)
         pl->err = st;
     if (j->finish || (pl->err != 0 && pl->ngot == w->nchunks)) {
-        gift__eng_pull_done(c, w, pl);
+        c->eng->pull_done(c, w, pl);
         return 0;
     }
     return pull_more(w, j->slot) ? 2 : 0;
@@ -756,7 +756,7 @@ static int dev_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const
                     const gift__geo_t *G, uint32_t epoch)
 {
     gift__ps_codecs(w, ps, G);
-    gift__eng_push_begin(c, w, ps, epoch, NULL); /* not in nencoding: the device reports */
+    c->eng->push_begin(c, w, ps, epoch, NULL); /* not in nencoding: the device reports */
     dev_push_job(c, w, ps, src);
     return 0;
 }
@@ -779,6 +779,7 @@ static int dev_finish(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
 static const gift__path_t dev_path = {
     .push = dev_push,
     .turns = 0,
+    .is_host = 0,
     .pull_reset = dev_pull_reset,
     .decode = dev_decode,
     .chunk_done = dev_pull_chunk,

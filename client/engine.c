@@ -266,7 +266,7 @@ static void fail_pl(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl, int r
 /* Push                                                                  */
 /* ------------------------------------------------------------------ */
 
-int gift__eng_push_gone(gift__pstate_t *ps)
+static int eng_push_gone(gift__pstate_t *ps)
 {
     if (ps->state == GIFT__PS_SENT && ps->reqs.head != NULL)
         return 0;
@@ -280,8 +280,8 @@ int gift__eng_push_gone(gift__pstate_t *ps)
 
 /* ps's step starts sending under epoch: nothing encoded, acked or sent yet;
  * encp is what the chunks are encoded from (NULL on a device wire). */
-void gift__eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
-                          const float *encp)
+static void eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
+                           uint32_t epoch, const float *encp)
 {
     if (w->pushed_once && epoch != w->last_epoch)
         GIFT__STAT_ADD(c, epochs_switched, 1);
@@ -300,7 +300,7 @@ void gift__eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
 
 /* Starts ps's push of src under the epoch valid for its step, on the wire's
  * path: the host's (host_push), or a device's, which reports each chunk
- * once its payload is in host memory (gift__eng_push_chunk_ready). */
+ * once its payload is in host memory (eng_push_chunk_ready). */
 static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src)
 {
     gift__geo_t *G = NULL;
@@ -440,7 +440,7 @@ static void pull_complete(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
                 GIFT__PASS(c, GIFT_PASS_COPY, m->n);
             } else if (r->out != pl->target) {
                 rc1 = w->path->copy(w, r->out, pl->target, w->n);
-                if (w->path == &gift__host_path)
+                if (w->path->is_host)
                     GIFT__PASS(c, GIFT_PASS_COPY, w->n);
             }
         }
@@ -599,6 +599,8 @@ static void check_close(gift_client_t *c)
     gift__cmd_done(c, cmd, 0);
 }
 
+static const gift__eng_ops_t eng_ops; /* below, with the entries it holds */
+
 void gift__eng_commands(gift_client_t *c)
 {
     gift__cmd_t *cmd, *next;
@@ -644,6 +646,7 @@ void gift__eng_commands(gift_client_t *c)
             break;
         case GIFT__CMD_DECLARE: {
             int rc;
+            c->eng = &eng_ops; /* the paths' way back, before any of them runs */
             for (size_t i = 0; i < c->nwires; i++)
                 c->wires[i].path = &gift__host_path; /* a device wire's: c->dev->declare */
             rc = c->dev->declare(c);
@@ -899,7 +902,7 @@ void *gift__eng_sink(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
     gift__lstate_t *pl;
     const gift__chunk_t *ch;
 
-    if (m == NULL || (w = wire_key(c, m->key)) == NULL || w->path != &gift__host_path ||
+    if (m == NULL || (w = wire_key(c, m->key)) == NULL || !w->path->is_host ||
         m->chunk >= w->nchunks)
         return NULL;
     ch = gift__chunk_of(c, w, m->chunk);
@@ -1205,10 +1208,11 @@ void gift__eng_turn_end(gift_client_t *c)
 }
 
 /* ------------------------------------------------------------------ */
-/* Device wires (device.c reports here)                                  */
+/* The memory paths' reports (host.c, device.c, through c->eng)         */
 /* ------------------------------------------------------------------ */
 
-void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j)
+static void eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
+                                 uint32_t j)
 {
     gift__chunk_t *ch = gift__chunk_of(c, w, j);
     gift__lstate_t *pl = &w->pl[ps->step & 1];
@@ -1228,23 +1232,33 @@ void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_
         gift__send_pull_chunks(c, w, pl);
 }
 
-void gift__eng_push_fail(gift_client_t *c, gift__pstate_t *ps, int rc)
+static void eng_push_fail(gift_client_t *c, gift__pstate_t *ps, int rc)
 {
     if (ps->state == GIFT__PS_SENT)
         fail_ps(c, ps, rc);
 }
 
-void gift__eng_push_encoded(gift_client_t *c, gift__wire_t *w)
+static void eng_push_encoded(gift_client_t *c, gift__wire_t *w)
 {
     w->encoding = NULL;
     c->rescan = 1;
 }
 
-void gift__eng_pull_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
+static void eng_pull_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl)
 {
     if (pl->state == GIFT__PL_PENDING)
         pull_complete(c, w, pl);
 }
+
+/* The engine as the memory paths see it (c->eng, set at CMD_DECLARE). */
+static const gift__eng_ops_t eng_ops = {
+    .push_begin = eng_push_begin,
+    .push_chunk_ready = eng_push_chunk_ready,
+    .push_fail = eng_push_fail,
+    .push_encoded = eng_push_encoded,
+    .pull_done = eng_pull_done,
+    .push_gone = eng_push_gone,
+};
 
 /* ------------------------------------------------------------------ */
 /* Teardown                                                              */

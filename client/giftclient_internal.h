@@ -285,7 +285,8 @@ struct gift__path {
      * engine fails the push). */
     int (*push)(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
                 const gift__geo_t *G, uint32_t epoch);
-    int turns; /* 1: gift__host_encode_more encodes its pushes, a few chunks a turn */
+    int turns;   /* 1: gift__host_encode_more encodes its pushes, a few chunks a turn */
+    int is_host; /* 1: the host path (the wire's memory is the caller's, on the CPU) */
     /* A pull starts or restarts on pl: forget what was staged. */
     void (*pull_reset)(gift__wire_t *w, gift__lstate_t *pl);
     /* Chunk ch's checked reply payload: decoded into pl->target now (host),
@@ -308,6 +309,32 @@ struct gift__path {
      * shard's Error): returns once nothing reads its input or writes its out. */
     void (*quiesce)(gift_client_t *c, gift__wire_t *w);
 };
+
+/* The engine's entries that a memory path calls back (host.c, device.c; I/O
+ * thread). engine.c fills this table and hands it over at declaration
+ * (CMD_DECLARE sets c->eng before any path runs), so that the paths, below
+ * the engine, name none of its functions.
+ *   push_begin        ps's step starts sending under epoch (nothing encoded,
+ *                     acked or sent yet; w->encoding = ps); encp is what the
+ *                     chunks are encoded from on the host (NULL on a device).
+ *   push_chunk_ready  chunk j of ps is encoded, its payload in ps->payload:
+ *                     queue it, and the pull of that chunk when it waits.
+ *   push_fail         the push failed with rc (its requests finish with it).
+ *   push_encoded      the path is done with w's push (w->encoding cleared).
+ *   pull_done         every chunk of pl is decoded and transformed back in
+ *                     pl->target, or pl failed with pl->err.
+ *   push_gone         1 when ps's push has failed or every request on it is
+ *                     gone (the caller's gradient may be gone too): its step
+ *                     is then given up, not replayed. */
+typedef struct gift__eng_ops {
+    void (*push_begin)(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
+                       const float *encp);
+    void (*push_chunk_ready)(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j);
+    void (*push_fail)(gift_client_t *c, gift__pstate_t *ps, int rc);
+    void (*push_encoded)(gift_client_t *c, gift__wire_t *w);
+    void (*pull_done)(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
+    int (*push_gone)(gift__pstate_t *ps);
+} gift__eng_ops_t;
 
 enum gift__conn_state {
     GIFT__CONN_DOWN = 0,
@@ -336,9 +363,15 @@ typedef struct gift__conn {
 typedef struct gift__net gift__net_t;
 
 /* What the engine (and client.c) needs of the network, the way the shard
- * uses gift_shard_io_t: net.c fills it at gift__net_start, a test fakes it.
- * Every entry but wake and now_ns runs on the I/O thread. */
+ * uses gift_shard_io_t: net.c fills it (gift__net_io), a test fakes it.
+ * Every entry but start, join, wake and now_ns runs on the I/O thread. */
 typedef struct gift__io {
+    /* Caller (gift_client_open): the loop, its handles, the codec threads
+     * and the I/O thread (c->thread_started). 0 or a code. NULL in a fake. */
+    int (*start)(gift_client_t *c);
+    /* Caller (close), after CMD_CLOSE completed: joins the I/O thread and
+     * frees the loop. NULL in a fake. */
+    void (*join)(gift_client_t *c);
     /* Any thread: commands are queued, run gift__eng_commands soon. */
     void (*wake)(gift_client_t *c);
     /* Starts connecting to every shard that has no connection. */
@@ -405,6 +438,7 @@ struct gift_client {
     size_t nall_ops, all_ops_cap;       /* mu */
     gift__net_t *net;
     const gift__io_t *io; /* the network, as the engine sees it */
+    const gift__eng_ops_t *eng; /* the engine, as the memory paths see it (set at declare) */
     gift_client_stats_t st; /* atomic counters */
     /* Atomic: gift_client_counters (the I/O thread's CPU time is read then). */
     uint64_t payload_out, payload_in;
@@ -532,16 +566,8 @@ void gift__op_complete(gift_client_t *c, struct gift_op *op);
 void gift__ops_free(gift_client_t *c);
 
 /* ---- client.c (internal steps, for tests/client/test_engine.c) ---- */
-/* Writes the printf-formatted sentence into c->last_err (under c->mu) and
- * on stderr, prefixed "giftclient: " (any thread). */
-void gift__client_note(gift_client_t *c, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-/* "host:port" of shard's address, in buf (len bytes). */
-const char *gift__shard_addr(const gift_client_t *c, uint32_t shard, char *buf, size_t len);
-
 /* gift_client_open without the network: options, servers, rank, auth, the
- * per-shard connection state. c->io is NULL until gift__net_start (or a
+ * per-shard connection state. c->io is NULL until gift_client_open (or a
  * test) sets it. 0 or a code; free with gift_client_close. */
 int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out);
 /* gift_declare without the hand-over: checks the list, builds the wire
@@ -570,7 +596,14 @@ void gift__send_hello(gift_client_t *c, uint32_t shard);
 /* The shard's packed Declare; the connection is DECLARING (or dropped). */
 void gift__send_declare(gift_client_t *c, uint32_t shard);
 
-/* ---- notes.c (I/O thread): the sentences of gift__client_note ---- */
+/* ---- notes.c: the client's last error; calls no other file of client/ ---- */
+/* Writes the printf-formatted sentence into c->last_err (under c->mu) and
+ * on stderr, prefixed "giftclient: " (any thread). */
+void gift__client_note(gift_client_t *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* "host:port" of shard's address, in buf (len bytes). */
+const char *gift__shard_addr(const gift_client_t *c, uint32_t shard, char *buf, size_t len);
+/* The sentences of gift__client_note that the engine leaves (I/O thread): */
 /* The shard refused request `what` (push, pull) with Error e of code. */
 void gift__note_refusal(gift_client_t *c, uint32_t shard, const char *what, const Gift__Error *e,
                         int code);
@@ -600,22 +633,8 @@ void gift__eng_turn_end(gift_client_t *c);
 
 /* Frees the per-wire buffers (any thread, once the I/O thread is gone). */
 void gift__eng_free_wires(gift_client_t *c);
-/* For device.c: chunk j of ps is encoded, its payload in ps->payload (queue
- * it, and the pull of that chunk when it waits); the push failed; the
- * device is done with w's push (w->encoding cleared); every chunk of pl is
- * decoded and transformed back in pl->target, or pl failed with pl->err. */
-void gift__eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j);
-/* For a path's push: ps's step starts sending under epoch (nothing encoded,
- * acked or sent yet; w->encoding = ps); encp is what the chunks are encoded
- * from on the host (NULL on a device). */
-void gift__eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
-                          const float *encp);
-void gift__eng_push_fail(gift_client_t *c, gift__pstate_t *ps, int rc);
-void gift__eng_push_encoded(gift_client_t *c, gift__wire_t *w);
-void gift__eng_pull_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl);
-/* 1 when ps's push has failed or every request on it is gone (the caller's
- * gradient may be gone too): its step is then given up, not replayed. */
-int gift__eng_push_gone(gift__pstate_t *ps);
+/* The paths' reports (push_begin, push_chunk_ready, ...) are not here: they
+ * reach the engine through c->eng (gift__eng_ops_t). */
 
 /* ---- device.c (device_stub.c without CUDA) ---- */
 /* 0 when device is a CUDA device of this process, else GIFT_ENODEV with a
@@ -644,9 +663,9 @@ typedef struct gift__devices {
 const gift__devices_t *gift__devices(void);
 
 /* ---- net.c ---- */
-/* Caller: the loop, its handles and the I/O thread; sets c->io. */
-int gift__net_start(gift_client_t *c);
-/* Caller: after CMD_CLOSE completed, joins the thread and frees the loop. */
-void gift__net_join(gift_client_t *c);
+/* The libuv network's table (static storage): gift_client_open sets c->io
+ * to it and starts the I/O thread through c->io->start, close joins it
+ * through c->io->join, so client.c names no other function of net.c. */
+const gift__io_t *gift__net_io(void);
 
 #endif

@@ -9,7 +9,7 @@
  * With codec threads (gift_client_opts_t.codec_threads) a push runs on one
  * of them instead and its chunks are handed over as it publishes them
  * (gift__hjob_t). The engine reaches this file only through the table; this
- * file reaches the engine only through its gift__eng_* entries.
+ * file reaches the engine only through c->eng (gift__eng_ops_t).
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -163,7 +163,7 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
 
     if (ps == NULL)
         return 0;
-    if (gift__eng_push_gone(ps)) {
+    if (c->eng->push_gone(ps)) {
         stop_encoding(c, w);
         return 0;
     }
@@ -171,12 +171,12 @@ static size_t encode_chunks(gift_client_t *c, gift__wire_t *w, size_t budget)
         uint32_t j = ps->nenc;
         if ((rc = encode_one(c, w, ps, j, w->work)) < 0) {
             stop_encoding(c, w);
-            gift__eng_push_fail(c, ps, rc);
+            c->eng->push_fail(c, ps, rc);
             return done;
         }
         ps->nenc = j + 1;
         done += gift__chunk_of(c, w, j)->n * sizeof(float);
-        gift__eng_push_chunk_ready(c, w, ps, j);
+        c->eng->push_chunk_ready(c, w, ps, j);
     }
     if (ps->nenc == w->nchunks)
         stop_encoding(c, w);
@@ -346,7 +346,7 @@ int gift__host_declare(gift_client_t *c)
 {
     for (size_t i = 0; c->pool != NULL && i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
-        if (w->path != &gift__host_path || w->nmembers != 1 || w->hjob != NULL ||
+        if (!w->path->is_host || w->nmembers != 1 || w->hjob != NULL ||
             (w->geometry && w->pwork == NULL))
             continue;
         if ((w->hjob = calloc(HJOB_PER_WIRE, sizeof *w->hjob)) == NULL)
@@ -431,15 +431,15 @@ static void hjob_collect(gift_client_t *c, gift__wire_t *w)
     while (ps->nenc < pub) {
         uint32_t k = ps->nenc;
         ps->nenc = k + 1; /* also when the push is gone: its chunks are encoded */
-        gift__eng_push_chunk_ready(c, w, ps, k);
+        c->eng->push_chunk_ready(c, w, ps, k);
     }
     if (!done)
         return;
     hjob_retire(c, j);
     untransform(ps);
-    gift__eng_push_encoded(c, w); /* w->encoding = NULL: the wire's next push may start */
+    c->eng->push_encoded(c, w); /* w->encoding = NULL: the wire's next push may start */
     if (j->err < 0)
-        gift__eng_push_fail(c, ps, j->err);
+        c->eng->push_fail(c, ps, j->err);
 }
 
 /* A pull's T^-1 is done: the pull completes (host_finish takes the result),
@@ -451,7 +451,7 @@ static void finish_collect(gift_client_t *c, gift__wire_t *w, gift__hjob_t *j)
     if (pl->state != GIFT__PL_PENDING || pl->step != j->step || pl->ngot != w->nchunks)
         return;
     j->finished = 1;
-    gift__eng_pull_done(c, w, pl);
+    c->eng->pull_done(c, w, pl);
     j->finished = 0;
 }
 
@@ -521,7 +521,7 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
     if (transformed && gift__geo_by_epoch(w, epoch) == NULL)
         return GIFT_EEPOCH; /* cannot happen: G is the slot of epoch */
     if (pooled) {
-        gift__eng_push_begin(c, w, ps, epoch, p);
+        c->eng->push_begin(c, w, ps, epoch, p);
         if (transformed)
             transform_as_encoded(w, ps, src, epoch);
         hjob_queue(c, w, ps, src, G != NULL ? gift__geo_by_epoch(w, epoch) : NULL, epoch);
@@ -532,7 +532,7 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
         if (old == NULL || G == NULL || gift_ef_rebase(&w->ef, &old->g, &G->g, w->work) < 0)
             gift_ef_reset(&w->ef, epoch);
     }
-    gift__eng_push_begin(c, w, ps, epoch, p);
+    c->eng->push_begin(c, w, ps, epoch, p);
     if (transformed)
         transform_as_encoded(w, ps, src, epoch);
     c->nencoding++;
@@ -616,7 +616,7 @@ static void host_chunk_done(gift_client_t *c, gift__wire_t *w, gift__lstate_t *p
             return;
         }
     }
-    gift__eng_pull_done(c, w, pl);
+    c->eng->pull_done(c, w, pl);
 }
 
 /* T^-1 of the pulled mean, in place, under the epoch it came in (or what a
@@ -681,13 +681,14 @@ static void host_quiesce(gift_client_t *c, gift__wire_t *w)
     untransform(ps);
     if (rc < 0) {
         stop_encoding(c, w);
-        gift__eng_push_fail(c, ps, rc);
+        c->eng->push_fail(c, ps, rc);
     }
 }
 
 const gift__path_t gift__host_path = {
     .push = host_push,
     .turns = 1,
+    .is_host = 1,
     .pull_reset = host_pull_reset,
     .decode = host_decode,
     .chunk_done = host_chunk_done,

@@ -499,9 +499,14 @@ static void net_unsink(gift_client_t *c, const void *lo, const void *hi)
     }
 }
 
+static int net_start(gift_client_t *c);
+static void net_join(gift_client_t *c);
+
 /* The engine's way to the network (gift__io_t): filled here, faked by
  * tests/client/test_engine.c. */
 static const gift__io_t net_io = {
+    .start = net_start,
+    .join = net_join,
     .wake = net_wake,
     .connect = net_connect_all,
     .shutdown = net_shutdown,
@@ -513,7 +518,13 @@ static const gift__io_t net_io = {
     .unsink = net_unsink,
 };
 
-int gift__net_start(gift_client_t *c)
+const gift__io_t *gift__net_io(void)
+{
+    return &net_io;
+}
+
+/* The loop, its handles, the codec threads and the I/O thread (gift__io_t.start). */
+static int net_start(gift_client_t *c)
 {
     gift__net_t *net = calloc(1, sizeof *net);
     if (net == NULL || (net->conns = calloc(c->nshards, sizeof *net->conns)) == NULL) {
@@ -562,7 +573,8 @@ int gift__net_start(gift_client_t *c)
     return 0;
 }
 
-void gift__net_join(gift_client_t *c)
+/* After CMD_CLOSE completed: joins the thread and frees the loop (gift__io_t.join). */
+static void net_join(gift_client_t *c)
 {
     gift__net_t *net = c->net;
     if (!c->thread_started)

@@ -2,13 +2,57 @@
  * notes.c: the sentences the engine leaves in the client's last error
  * (gift_client_last_error) when something fails: which shard (its index
  * and address), what it said or what did not happen, and the fix. Reads
- * the engine's connection state; changes nothing (I/O thread).
+ * the engine's connection state; changes nothing but c->last_err (I/O
+ * thread). The lowest file of client/: it calls no other file of it, so
+ * every file above may note a failure (gift__client_note) and name a shard
+ * (gift__shard_addr).
  */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "giftclient_internal.h"
+
+void gift__client_note(gift_client_t *c, const char *fmt, ...)
+{
+    char text[sizeof c->last_err];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "giftclient: %s\n", text);
+    pthread_mutex_lock(&c->mu);
+    memcpy(c->last_err, text, sizeof text);
+    pthread_mutex_unlock(&c->mu);
+}
+
+const char *gift__shard_addr(const gift_client_t *c, uint32_t shard, char *buf, size_t len)
+{
+    const struct sockaddr_storage *a = &c->addrs[shard];
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (a->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)a;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+        port = ntohs(in->sin_port);
+        snprintf(buf, len, "%s:%u", host, port);
+    } else {
+        const struct sockaddr_in6 *in = (const struct sockaddr_in6 *)a;
+        inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof host);
+        port = ntohs(in->sin6_port);
+        snprintf(buf, len, "[%s]:%u", host, port);
+    }
+    return buf;
+}
 
 void gift__note_refusal(gift_client_t *c, uint32_t shard, const char *what, const Gift__Error *e,
                         int code)
