@@ -532,47 +532,6 @@ static void rescan(gift_client_t *c)
 /* Commands                                                              */
 /* ------------------------------------------------------------------ */
 
-static void check_cmds(gift_client_t *c)
-{
-    int all = 1, err = 0;
-    if (c->cmd_connect != NULL) {
-        for (uint32_t s = 0; s < c->nshards; s++) {
-            if (c->conns[s].err && !err)
-                err = c->conns[s].err;
-            if (c->conns[s].state != GIFT__CONN_READY)
-                all = 0;
-        }
-        if (err || all) {
-            gift__cmd_t *cmd = c->cmd_connect;
-            c->cmd_connect = NULL;
-            /* Handed to the caller with the command (under the mutex). */
-            c->max_frame = UINT64_MAX;
-            for (uint32_t s = 0; s < c->nshards; s++)
-                if (c->conns[s].max_frame && c->conns[s].max_frame < c->max_frame)
-                    c->max_frame = c->conns[s].max_frame;
-            gift__cmd_done(c, cmd, err);
-        }
-    }
-    if (c->cmd_declare != NULL) {
-        all = 1;
-        err = c->geo_err;
-        for (uint32_t s = 0; s < c->nshards; s++) {
-            if (c->conns[s].err && !err)
-                err = c->conns[s].err;
-            if (!c->conns[s].declared)
-                all = 0;
-        }
-        for (size_t i = 0; i < c->nwires; i++)
-            if (c->wires[i].geometry && !c->wires[i].have_geo)
-                all = 0;
-        if (err || all) {
-            gift__cmd_t *cmd = c->cmd_declare;
-            c->cmd_declare = NULL;
-            gift__cmd_done(c, cmd, err);
-        }
-    }
-}
-
 /* Closing: once no operation is in flight, fail what waits and stop. */
 static void check_close(gift_client_t *c)
 {
@@ -667,7 +626,7 @@ void gift__eng_commands(gift_client_t *c)
             for (uint32_t s = 0; s < c->nshards; s++)
                 if (c->conns[s].state == GIFT__CONN_READY)
                     gift__send_declare(c, s);
-            check_cmds(c);
+            gift__conn_check_cmds(c);
             break;
         }
         case GIFT__CMD_CLOSE:
@@ -677,187 +636,6 @@ void gift__eng_commands(gift_client_t *c)
             break;
         }
     }
-}
-
-/* ------------------------------------------------------------------ */
-/* Connections                                                           */
-/* ------------------------------------------------------------------ */
-
-void gift__eng_conn_up(gift_client_t *c, uint32_t shard)
-{
-    char a[64];
-    if (c->conns[shard].connect_err != 0 || c->conns[shard].lost)
-        fprintf(stderr, "giftclient: shard %u (%s): connected\n", shard,
-                gift__shard_addr(c, shard, a, sizeof a));
-    c->conns[shard].connect_err = 0;
-    c->conns[shard].err = 0;
-    c->conns[shard].state = GIFT__CONN_HELLO;
-    c->conns[shard].challenged = 0;
-    gift__send_hello(c, shard);
-}
-
-/* Everything that was queued on the lost connection must go again. */
-void gift__eng_conn_down(gift_client_t *c, uint32_t shard)
-{
-    char a[64];
-    c->conns[shard].state = GIFT__CONN_DOWN;
-    if (c->conns[shard].ever_ready) {
-        if (!c->conns[shard].lost)
-            fprintf(stderr, "giftclient: shard %u (%s): connection lost; reconnecting (backoff "
-                            "up to %u ms) and replaying what it may not have counted\n", shard,
-                    gift__shard_addr(c, shard, a, sizeof a), c->backoff_max_ms);
-        c->conns[shard].lost = 1;
-    }
-    for (size_t i = 0; c->io_declared && i < c->nwires; i++) {
-        gift__wire_t *w = &c->wires[i];
-        for (uint32_t j = 0; j < w->nchunks; j++) {
-            if (gift__chunk_of(c, w, j)->shard != shard)
-                continue;
-            w->ps[0].sent[j] = w->ps[1].sent[j] = 0;
-            w->pl[0].sent[j] = w->pl[1].sent[j] = 0;
-        }
-        if (w->geometry && gift__owner_of(c, w) == shard) {
-            w->fetch_sent = 0;
-            if (w->sk_pending)
-                w->sk_unsent = 1;
-        }
-    }
-}
-
-/* A connect failed with code (a negative errno): kept for the timeout's
- * message, and logged at most every 5 s per shard while it goes on. */
-void gift__eng_conn_failed(gift_client_t *c, uint32_t shard, int code)
-{
-    gift__conn_t *cn = &c->conns[shard];
-    uint64_t now = c->io->now_ns();
-    char a[64];
-    int first = cn->connect_err == 0;
-    cn->connect_err = code < 0 ? code : -EIO;
-    if (first || now - cn->connect_log_ns >= 5000000000ull) {
-        cn->connect_log_ns = now;
-        fprintf(stderr, "giftclient: shard %u (%s): %s; retrying\n", shard,
-                gift__shard_addr(c, shard, a, sizeof a),
-                cn->connect_err == -ECONNREFUSED ? "connection refused (is giftd listening there?)"
-                                                 : strerror(-cn->connect_err));
-    }
-}
-
-/* A connection became ready (declared): geometry requests, then sketches,
- * then pushes whose pull has not completed (oldest step first), then pulls. */
-static void resync(gift_client_t *c, uint32_t shard, int replay)
-{
-    for (size_t i = 0; i < c->nwires; i++) {
-        gift__wire_t *w = &c->wires[i];
-        if (w->geometry && gift__owner_of(c, w) == shard) {
-            gift__send_geo_request(c, w);
-            gift__send_sketch(c, w);
-        }
-    }
-    for (size_t i = 0; i < c->nwires; i++) {
-        gift__wire_t *w = &c->wires[i];
-        int a = w->ps[0].step <= w->ps[1].step ? 0 : 1;
-        for (int k = 0; k < 2; k++) {
-            gift__pstate_t *ps = &w->ps[k ? !a : a];
-            if ((ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED) && ps->need_replay)
-                gift__send_push_chunks(c, w, ps, shard, replay);
-        }
-    }
-    for (size_t i = 0; i < c->nwires; i++) {
-        gift__wire_t *w = &c->wires[i];
-        for (int k = 0; k < 2; k++)
-            if (w->pl[k].state == GIFT__PL_PENDING)
-                gift__send_pull_chunks(c, w, &w->pl[k]);
-    }
-}
-
-/* The shard requires authentication: answer with a Hello that carries the
- * MAC, or, without a key, with one that does not (the shard then refuses it
- * with GIFT_EAUTH). */
-static int on_auth_challenge(gift_client_t *c, uint32_t shard, const Gift__AuthChallenge *m)
-{
-    gift__conn_t *cn = &c->conns[shard];
-    if (cn->state != GIFT__CONN_HELLO || cn->challenged ||
-        m->server_nonce.len != GIFT_AUTH_NONCE_BYTES)
-        return GIFT_EPROTO;
-    memcpy(cn->snonce, m->server_nonce.data, GIFT_AUTH_NONCE_BYTES);
-    cn->challenged = 1;
-    if (c->auth == NULL)
-        fprintf(stderr, "giftclient: shard %u requires authentication; set GIFT_AUTH_KEY_FILE "
-                        "to its key file\n", shard);
-    gift__send_hello(c, shard);
-    return 0;
-}
-
-static int on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *a)
-{
-    gift__conn_t *cn = &c->conns[shard];
-    char ad[64];
-    if (cn->state != GIFT__CONN_HELLO)
-        return GIFT_EPROTO;
-    gift__shard_addr(c, shard, ad, sizeof ad);
-    if (a->protocol_version != GIFT_PROTOCOL_VERSION) {
-        gift__client_note(c, "shard %u (%s) speaks protocol %u; this client %d", shard, ad,
-                          a->protocol_version, GIFT_PROTOCOL_VERSION);
-        cn->err = GIFT_EVERSION;
-    } else if (a->shard_id != shard || a->num_shards != c->nshards) {
-        gift__client_note(c, "server %u of GIFT_SERVERS (%s) is shard %u of %u (want %u of %u): "
-                          "list the shards in order", shard, ad, a->shard_id, a->num_shards,
-                          shard, c->nshards);
-        cn->err = GIFT_EINVAL;
-    } else if (a->world_size != 0 && a->world_size != (uint32_t)c->world) {
-        gift__client_note(c, "shard %u (%s) serves a world of %u ranks; this worker has world "
-                          "size %d (WORLD_SIZE / GIFT_WORLD): start every worker with the same",
-                          shard, ad, a->world_size, c->world);
-        cn->err = GIFT_EWORLD;
-    } else if (c->auth != NULL) {
-        /* The shard must prove the key too, or it gets no gradients. */
-        uint8_t want[GIFT_AUTH_MAC_BYTES] = {0};
-        if (cn->challenged)
-            gift_auth_ack_mac(c->auth, (uint32_t)c->rank, cn->snonce, cn->cnonce, cn->hello_mac, want);
-        if (!cn->challenged || gift_auth_verify(a->auth_mac.data, a->auth_mac.len, want) < 0) {
-            fprintf(stderr, "giftclient: shard %u %s; refusing it\n", shard,
-                    cn->challenged ? "failed to prove the shared key"
-                                   : "does not ask for authentication, but a key is set");
-            cn->err = GIFT_EAUTH;
-        }
-    }
-    if (cn->err) {
-        check_cmds(c);
-        return cn->err;
-    }
-    if (c->lost) /* never declare again into a shard that lost (or dropped) the run */
-        return cn->err = c->lost;
-    cn->max_frame = a->max_frame_bytes;
-    c->io->backoff_reset(c, shard);
-    if (c->io_declared) {
-        gift__send_declare(c, shard);
-    } else {
-        cn->state = GIFT__CONN_READY;
-        if (cn->lost)
-            GIFT__STAT_ADD(c, reconnects, 1);
-        cn->lost = 0;
-        cn->ever_ready = 1;
-        check_cmds(c);
-    }
-    return 0;
-}
-
-static int on_declare_ack(gift_client_t *c, uint32_t shard)
-{
-    gift__conn_t *cn = &c->conns[shard];
-    int again = cn->lost;
-    if (cn->state != GIFT__CONN_DECLARING)
-        return GIFT_EPROTO;
-    cn->state = GIFT__CONN_READY;
-    cn->declared = 1;
-    if (again)
-        GIFT__STAT_ADD(c, reconnects, 1);
-    cn->lost = 0;
-    cn->ever_ready = 1;
-    resync(c, shard, again);
-    check_cmds(c);
-    c->rescan = 1;
-    return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -984,11 +762,11 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
         f->payload_len != (dks + w->ks) * sizeof(float)) {
         if (c->cmd_declare)
             c->geo_err = GIFT_ESHAPE;
-        check_cmds(c);
+        gift__conn_check_cmds(c);
         return;
     }
     if (gift__geo_by_epoch(w, m->epoch) != NULL) {
-        check_cmds(c);
+        gift__conn_check_cmds(c);
         return;
     }
     /* Replace a free slot, else the oldest epoch. */
@@ -1013,7 +791,7 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
     if (rc < 0) {
         if (c->cmd_declare)
             c->geo_err = rc;
-        check_cmds(c);
+        gift__conn_check_cmds(c);
         return;
     }
     slot->valid_from = m->valid_from_step;
@@ -1022,7 +800,7 @@ static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_fr
     if (!w->have_geo || m->epoch > w->newest)
         w->newest = m->epoch;
     w->have_geo = 1;
-    check_cmds(c);
+    gift__conn_check_cmds(c);
 }
 
 /* A shard lost the run's state: what is in flight fails with code, and so
@@ -1063,7 +841,7 @@ static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
                               cn->state == GIFT__CONN_HELLO ? "Hello" : "Declare",
                               e->text ? e->text : "", gift_strerror(code));
             cn->err = code;
-            check_cmds(c);
+            gift__conn_check_cmds(c);
         } else {
             gift__client_note(c, "shard %u (%s): %s (%s)", shard,
                               gift__shard_addr(c, shard, a, sizeof a), e->text ? e->text : "",
@@ -1103,7 +881,7 @@ static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
         w->fetch_sent = 0;
         if (c->cmd_declare)
             c->geo_err = code;
-        check_cmds(c);
+        gift__conn_check_cmds(c);
         c->rescan = 1;
         break;
     default:
@@ -1125,11 +903,11 @@ int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
         return GIFT_EPROTO;
     switch (env->msg_case) {
     case GIFT__ENVELOPE__MSG_AUTH_CHALLENGE:
-        return on_auth_challenge(c, shard, env->auth_challenge);
+        return gift__conn_on_auth_challenge(c, shard, env->auth_challenge);
     case GIFT__ENVELOPE__MSG_HELLO_ACK:
-        return on_hello_ack(c, shard, env->hello_ack);
+        return gift__conn_on_hello_ack(c, shard, env->hello_ack);
     case GIFT__ENVELOPE__MSG_DECLARE_ACK:
-        return on_declare_ack(c, shard);
+        return gift__conn_on_declare_ack(c, shard);
     case GIFT__ENVELOPE__MSG_PUSH_ACK:
         on_push_ack(c, shard, env->push_ack);
         return 0;

@@ -10,6 +10,8 @@
  *             per-step push and pull state of every wire tensor, encode and
  *             decode, geometry epochs, frame handling, replay and timeouts.
  *             It reaches the network only through the gift__io_t table.
+ *   conn.c    the engine's side of each shard's connection: the handshake,
+ *             what a lost connection sends again, CMD_CONNECT/CMD_DECLARE.
  *   net.c     the only file that knows libuv: the thread, its loop,
  *             connections with backoff, one batched write per turn. It
  *             fills gift__io_t and calls the engine's gift__eng_* entries.
@@ -18,14 +20,26 @@
  *   host.c    the host path of gift__path_t: encode, decode, transform on
  *             the CPU backend, and its codec threads; device.c is the
  *             device path.
+ *   notes.c   the sentences of the client's last error (gift__client_note,
+ *             gift__shard_addr): the lowest file, calling no other.
  *
- * Calls run one way: client.c -> net.c, engine.c, mailbox.c; net.c ->
- * engine.c, host.c; engine.c -> mailbox.c, frames.c; host.c and device.c
- * -> engine.c (gift__eng_*). The engine reaches net.c only through
- * gift__io_t and a tensor's host or device path only through gift__path_t,
- * so it runs in tests without sockets (tests/client/test_engine.c). It
- * reaches device.c's lifecycle only through c->dev (gift__devices_t,
- * which gift__client_new sets from gift__devices()).
+ * Calls run one way, down (no file calls a file above it):
+ *
+ *   client.c -> device.c (gift__devices), net.c (gift__net_io: the table
+ *               only), engine.c (gift__eng_free_wires), mailbox.c
+ *   net.c    -> engine.c, conn.c (gift__eng_*), host.c (encode_more, pool)
+ *   engine.c -> conn.c, host.c, frames.c, mailbox.c, notes.c
+ *   device.c -> host.c (gift__pull_codec, gift__pull_len)
+ *   conn.c   -> frames.c, mailbox.c, notes.c
+ *   host.c, frames.c, mailbox.c -> notes.c at most
+ *
+ * Upward, only tables: client.c starts and joins the I/O thread through
+ * c->io (gift__io_t), the engine reaches net.c only through c->io, a
+ * tensor's host or device path only through gift__path_t and device.c's
+ * lifecycle only through c->dev (gift__devices_t, which gift__client_new
+ * sets from gift__devices()); the paths report back through c->eng
+ * (gift__eng_ops_t, which the engine sets at declaration). The engine thus
+ * runs in tests without sockets (tests/client/test_engine.c).
  *   device.c  device tensors (GIFT_MEMORY_CUDA) on the GPU through gpu/'s
  *             gift_gpu.h: contexts, device buffers, and the queue of GPU
  *             jobs of each device. Built when CUDA is; device_stub.c (no
@@ -613,6 +627,22 @@ void gift__note_timeout(gift_client_t *c);
 /* The connect timed out: the first shard not reached, and why. */
 void gift__note_unreached(gift_client_t *c);
 
+/* ---- conn.c (I/O thread): each shard's connection, as the engine sees it ---- */
+/* net.c's connection events: TCP up (a Hello goes), down (what was queued
+ * on it must go again), a connect failed with code (a negative errno). */
+void gift__eng_conn_up(gift_client_t *c, uint32_t shard);
+void gift__eng_conn_down(gift_client_t *c, uint32_t shard);
+void gift__eng_conn_failed(gift_client_t *c, uint32_t shard, int code);
+/* The handshake's frames, from gift__eng_frame: 0, or a code to drop the
+ * connection. */
+int gift__conn_on_auth_challenge(gift_client_t *c, uint32_t shard, const Gift__AuthChallenge *m);
+int gift__conn_on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloAck *a);
+int gift__conn_on_declare_ack(gift_client_t *c, uint32_t shard);
+/* Completes CMD_CONNECT and CMD_DECLARE when what they wait for is there
+ * (or failed): every shard READY; every shard declared and every geometry
+ * tensor's first epoch in. */
+void gift__conn_check_cmds(gift_client_t *c);
+
 /* ---- host.c (I/O thread) ---- */
 /* The end of a loop turn, before gift__eng_turn_end: encodes about 1 MiB of
  * the host pushes still encoding, higher priority first. */
@@ -620,9 +650,6 @@ void gift__host_encode_more(gift_client_t *c);
 
 /* ---- engine.c (I/O thread) ---- */
 void gift__eng_commands(gift_client_t *c);
-void gift__eng_conn_up(gift_client_t *c, uint32_t shard);
-void gift__eng_conn_down(gift_client_t *c, uint32_t shard);
-void gift__eng_conn_failed(gift_client_t *c, uint32_t shard, int code);
 /* A frame from shard; returns 0, or a negative code to drop the connection. */
 int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f);
 /* A frame whose header is in and payload not yet: where to receive its
