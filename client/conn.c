@@ -162,7 +162,7 @@ static void resync(gift_client_t *c, uint32_t shard, int replay)
         int a = w->ps[0].step <= w->ps[1].step ? 0 : 1;
         for (int k = 0; k < 2; k++) {
             gift__pstate_t *ps = &w->ps[k ? !a : a];
-            if ((ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED) && ps->need_replay)
+            if (gift__ps_has_payload(ps) && ps->need_replay)
                 gift__send_push_chunks(c, w, ps, shard, replay);
         }
     }

@@ -21,6 +21,10 @@
  *         copied out -> IDLE (or READY for a fused bucket, whose mean later
  *         members of the same step read).
  *
+ * Every transition of both, failures included, and the function making it
+ * are written down once, over enum gift__ps_state and enum gift__pl_state
+ * (giftclient_internal.h); a change to one of them changes that comment.
+ *
  * Geometry (docs/ARCHITECTURE.md): a geometry tensor's pushes and sketches
  * for step t need the epoch valid at t. After a sketch at step s, pushes of
  * later steps wait until chunk 0's reply for step s has said which epoch is
@@ -314,6 +318,25 @@ static void encode_send(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, c
         fail_ps(c, ps, rc);
 }
 
+/* Whether ps, holding step t - 2 (or older), must keep its slot for that
+ * step (a request of a later step then waits): it is still assembling or
+ * sending, a frame of it is being written, or the pending pull pl of that
+ * step may still need its payloads for a replay. */
+static int slot_held(const gift__pstate_t *ps, const gift__lstate_t *pl)
+{
+    switch (ps->state) {
+    case GIFT__PS_ASSEMBLING:
+    case GIFT__PS_SENT:
+        return 1;
+    case GIFT__PS_IDLE:
+    case GIFT__PS_ACKED:
+        break;
+    }
+    if (ps->inflight > 0)
+        return 1;
+    return ps->need_replay && pl->state == GIFT__PL_PENDING && pl->step == ps->step;
+}
+
 /* Starts a push request, or returns 0 when it must wait. */
 static int try_push(gift_client_t *c, gift__req_t *r)
 {
@@ -343,11 +366,7 @@ static int try_push(gift_client_t *c, gift__req_t *r)
             req_finish(c, r, GIFT_ESTEP);
             return 1;
         }
-        /* Step t - 2 (or older) still holds the slot. */
-        if (ps->state == GIFT__PS_ASSEMBLING || ps->state == GIFT__PS_SENT || ps->inflight > 0)
-            return 0;
-        if (ps->need_replay && w->pl[r->step & 1].state == GIFT__PL_PENDING &&
-            w->pl[r->step & 1].step == ps->step)
+        if (slot_held(ps, &w->pl[r->step & 1]))
             return 0;
     }
     if (ps->inflight > 0) /* a failed push's chunks still being written from payload */
@@ -647,6 +666,13 @@ static gift__wire_t *wire_key(gift_client_t *c, uint32_t key)
     return c->io_declared && key < c->nwires ? &c->wires[key] : NULL;
 }
 
+/* on_push_ack: a shard counted one chunk of a push.
+ *   Reads:    a (the reader's, until this returns); the chunk must be the
+ *             shard's and its push SENT for a->step (else it is late: ignored).
+ *   Owns:     ps->acked, nacked and, at the last chunk, ps->state (ACKED);
+ *             sets c->rescan.
+ *   May call: finish_all (the push's requests complete: gift__op_complete).
+ *   Never fails the connection. */
 static void on_push_ack(gift_client_t *c, uint32_t shard, const Gift__PushAck *a)
 {
     gift__wire_t *w = wire_key(c, a->key);
@@ -665,7 +691,8 @@ static void on_push_ack(gift_client_t *c, uint32_t shard, const Gift__PushAck *a
 }
 
 /* A PullReply whose header is in and whose payload is not (net.c): where
- * its payload can be received directly, or NULL. Only an f32 chunk of a
+ * its payload can be received directly, or NULL. Reads f's header and the
+ * pull's state, owns nothing, changes nothing and calls no other file. Only an f32 chunk of a
  * host wire whose pull waits for exactly that chunk, codec and length: the
  * payload is then the chunk's elements, and host_decode only checks them
  * where they landed. Everything is checked again when the frame is whole
@@ -696,6 +723,15 @@ void *gift__eng_sink(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
     return pl->target + ch->off;
 }
 
+/* on_pull_reply: one chunk of a pull (the payload whole: f->payload).
+ *   Reads:    m and f (the reader's, until this returns: a path that needs
+ *             the payload later copies it); chunk 0's latest_epoch and step.
+ *   Owns:     the geometry fetch flags and sk_pending of w; the pull's
+ *             epoch, err, got and ngot; the shard's resume step.
+ *   May call: gift__send_geo_request (frames.c), the wire's path: decode,
+ *             then chunk_done (which completes the pull through c->eng once
+ *             its last chunk is in). A late or foreign reply is dropped.
+ *   Never fails the connection: a bad chunk fails the pull (pl->err). */
 static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullReply *m,
                           const gift_frame_t *f)
 {
@@ -745,6 +781,16 @@ static void on_pull_reply(gift_client_t *c, uint32_t shard, const Gift__PullRepl
     w->path->chunk_done(c, w, pl, ch, rc == 0 ? f->payload : NULL, (size_t)f->payload_len);
 }
 
+/* on_geometry: an epoch of a geometry tensor (basis and spectrum as the
+ * payload, the owner's decision in m), answering our GeometryRequest.
+ *   Reads:    m and f (the reader's: the payload is copied into a slot).
+ *   Owns:     w->geo[] (a free slot or the oldest epoch's), newest,
+ *             have_geo, fetching, fetch_sent; c->geo_err during declare;
+ *             sets c->rescan (pushes waiting on the epoch retry).
+ *   May call: the path's quiesce (a codec thread's job still reads the slot),
+ *             gift__geo_load (host.c: the decision, checked),
+ *             gift__conn_check_cmds (CMD_DECLARE waits for first epochs).
+ *   Never fails the connection: a bad epoch fails the declare or is left. */
 static void on_geometry(gift_client_t *c, const Gift__Geometry *m, const gift_frame_t *f)
 {
     gift__wire_t *w = wire_key(c, m->key);
@@ -826,6 +872,16 @@ static void fail_everything(gift_client_t *c, int code)
         }
 }
 
+/* on_error: a shard's Error. seq 0: about the connection (Hello or
+ * Declare refused, or fatal); else seq's top byte names the request kind.
+ *   Reads:    e (the reader's, until this returns), the connection's state.
+ *   Owns:     cn->err (a refused handshake); the push or pull state of
+ *             e->step (failed: IDLE); w->sk_err and the sketch flags;
+ *             the geometry fetch flags and c->geo_err; c->lost (GIFT_ESTATE).
+ *   May call: gift__client_note and gift__note_refusal (notes.c), fail_ps,
+ *             fail_pl and fail_everything (requests complete with the
+ *             code), gift__conn_check_cmds (a waiting command fails).
+ *   Never fails the connection itself: the shard closes it if it must. */
 static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
 {
     int kind = (int)(e->seq >> 56), code = e->code < 0 ? e->code : GIFT_EIO;
@@ -856,7 +912,7 @@ static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
     switch (kind) {
     case GIFT__SEQ_PUSH: {
         gift__pstate_t *ps = &w->ps[e->step & 1];
-        if (ps->step == e->step && (ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED)) {
+        if (ps->step == e->step && gift__ps_has_payload(ps)) {
             gift__note_refusal(c, shard, "push", e, code);
             fail_ps(c, ps, code);
         }
@@ -889,6 +945,12 @@ static void on_error(gift_client_t *c, uint32_t shard, const Gift__Error *e)
     }
 }
 
+/* net.c: one whole frame from shard. Checks that only PullReply and
+ * Geometry carry a payload and that a connection in HELLO hears only its
+ * handshake, then hands the frame to its handler: the handshake's to conn.c
+ * (gift__conn_on_*), the rest to the on_* above. f and its envelope are
+ * the reader's until this returns. 0, or a negative code: net.c drops the
+ * connection. */
 int gift__eng_frame(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
 {
     const Gift__Envelope *env = f->env;

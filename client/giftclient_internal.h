@@ -169,12 +169,58 @@ typedef struct gift__chunk {
     size_t push_off; /* offset of its payload in a push state's area */
 } gift__chunk_t;
 
-enum gift__ps_state { GIFT__PS_IDLE = 0, GIFT__PS_ASSEMBLING, GIFT__PS_SENT, GIFT__PS_ACKED };
-enum gift__pl_state { GIFT__PL_IDLE = 0, GIFT__PL_PENDING, GIFT__PL_READY };
+/* The state of one step's push of a wire tensor (gift__pstate_t.state).
+ * Every transition, and where it happens (engine.c unless named):
+ *
+ *   IDLE -> ASSEMBLING    try_push: a request of a new step takes the slot,
+ *   ACKED -> ASSEMBLING   once the step t - 2 there is not ASSEMBLING or
+ *                         SENT, none of its frames is being written
+ *                         (inflight) and no pending pull of that step still
+ *                         needs its payloads for a replay (need_replay).
+ *   ASSEMBLING -> SENT    eng_push_begin, from the path's push (host.c
+ *                         host_push, device.c dev_push) once every member
+ *                         is in (fused) or at once; chunks are then encoded
+ *                         and each queued as it is ready.
+ *   ASSEMBLING -> IDLE    fail_ps: encode_send could not start the push (no
+ *                         epoch for its step, or the path's push refused).
+ *   SENT -> ACKED         on_push_ack: the last chunk's PushAck. Its
+ *                         payloads are kept, with need_replay, until the
+ *                         pull of that step completes (pull_complete).
+ *   SENT -> IDLE          fail_ps: the path's push_fail (an encode failed)
+ *                         or a shard's Error on it; eng_push_gone and
+ *                         eng_push_chunk_ready: every request on it is gone
+ *                         (timed out), so it stops sending.
+ *   ACKED -> IDLE         fail_ps: a shard's Error on it (on_error).
+ *
+ * Nothing else writes it. SENT and ACKED hold payloads (gift__ps_has_payload):
+ * those are what a reconnect replays (conn.c resync) and what an Error on
+ * the push refers to. */
+typedef enum gift__ps_state {
+    GIFT__PS_IDLE = 0,
+    GIFT__PS_ASSEMBLING,
+    GIFT__PS_SENT,
+    GIFT__PS_ACKED
+} gift__ps_state_t;
+
+/* The state of one step's pull of a wire tensor (gift__lstate_t.state):
+ *
+ *   IDLE, READY -> PENDING  try_pull: a request of a new step (a Pull per
+ *                           chunk goes; detach restarts it for the next
+ *                           request when its target's request leaves).
+ *   PENDING -> READY        pull_complete: a fused bucket decoded, its mean
+ *                           kept for later members of the same step.
+ *   PENDING -> IDLE         pull_complete (unfused, or failed); fail_pl (a
+ *                           shard's Error); detach (its last request left:
+ *                           late replies are dropped). */
+typedef enum gift__pl_state {
+    GIFT__PL_IDLE = 0,
+    GIFT__PL_PENDING,
+    GIFT__PL_READY
+} gift__pl_state_t;
 
 /* One step's push of a wire tensor (two per tensor: step & 1). */
 typedef struct gift__pstate {
-    int state;
+    gift__ps_state_t state; /* transitions: above */
     uint64_t step;
     uint32_t epoch;
     int need_replay;  /* its pull has not completed: replay after a reconnect */
@@ -211,7 +257,7 @@ typedef struct gift__pstate {
 
 /* One step's pull of a wire tensor. */
 typedef struct gift__lstate {
-    int state;
+    gift__pl_state_t state; /* transitions: above */
     uint64_t step;
     uint32_t epoch;
     int epoch_set;
@@ -509,6 +555,13 @@ static inline size_t gift__ps_push_len(const gift__pstate_t *ps, const gift__chu
     if (!ps->tr || gift_layout(&ps->push, ch->n, &l) < 0)
         return ch->push_l.total;
     return l.total;
+}
+
+/* 1 when ps holds a step's payloads (SENT or ACKED): a reconnect replays
+ * them while need_replay, a shard's Error on the push fails it. */
+static inline int gift__ps_has_payload(const gift__pstate_t *ps)
+{
+    return ps->state == GIFT__PS_SENT || ps->state == GIFT__PS_ACKED;
 }
 
 /* Whether chunk ch of ps goes out from ps->zc: f32, its payload exactly its
