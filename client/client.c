@@ -343,30 +343,135 @@ static void client_free(gift_client_t *c)
     free(c);
 }
 
-int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
+/* The caller's options as a whole struct: fields beyond opts->size are
+ * defaults (rank and codec_threads -1: from the environment). 0, or
+ * GIFT_EINVAL when opts is too short to name the servers. */
+static int opts_copy(const gift_client_opts_t *opts, gift_client_opts_t *o)
 {
-    gift_client_opts_t o;
-    gift_client_t *c;
-    const char *v;
-    long rank, world, num = 0;
-    int rc, got;
-
-    if (out == NULL)
-        return GIFT_EINVAL;
-    *out = NULL;
-    memset(&o, 0, sizeof o);
-    o.rank = -1;
-    o.codec_threads = -1;
+    memset(o, 0, sizeof *o);
+    o->rank = -1;
+    o->codec_threads = -1;
     if (opts != NULL) {
         size_t n = opts->size;
         if (n < offsetof(gift_client_opts_t, servers))
             return GIFT_EINVAL;
-        memcpy(&o, opts, n < sizeof o ? n : sizeof o);
+        memcpy(o, opts, n < sizeof *o ? n : sizeof *o);
         if (n <= offsetof(gift_client_opts_t, rank))
-            o.rank = -1;
+            o->rank = -1;
         if (n <= offsetof(gift_client_opts_t, codec_threads))
-            o.codec_threads = -1;
+            o->codec_threads = -1;
     }
+    return 0;
+}
+
+/* The numbers of the configuration, each from o or else the environment:
+ * rank and world, chunk bytes, timeouts, backoff, seed, codec threads.
+ * 0, or GIFT_EINVAL (a bad value; the codec threads' is said on stderr). */
+static int config_numbers(gift_client_t *c, const gift_client_opts_t *o)
+{
+    long rank, world, num = 0;
+    int got;
+
+    rank = o->rank >= 0 ? o->rank : parse_uint(env2("GIFT_RANK", "RANK"), 65535);
+    world = o->world_size > 0 ? o->world_size
+                              : parse_uint(env2("GIFT_WORLD", "WORLD_SIZE"), 65536);
+    if (rank < 0 || world < 1 || world > 65536 || rank >= world)
+        return GIFT_EINVAL;
+    c->rank = (int)rank;
+    c->world = (int)world;
+    c->chunk_bytes = o->chunk_bytes ? o->chunk_bytes : GIFT__CHUNK_DEFAULT;
+    if (!o->chunk_bytes &&
+        (got = env_number("GIFT_CHUNK_BYTES", 64, 1l << 30, "bytes", &num)) != 0) {
+        if (got < 0)
+            return GIFT_EINVAL;
+        c->chunk_bytes = (uint64_t)num;
+    }
+    if (c->chunk_bytes < 64)
+        return GIFT_EINVAL;
+    c->timeout_ms = o->timeout_ms ? o->timeout_ms : GIFT__TIMEOUT_DEFAULT;
+    if (!o->timeout_ms &&
+        (got = env_number("GIFT_TIMEOUT_MS", 1, UINT32_MAX, "milliseconds", &num)) != 0) {
+        if (got < 0)
+            return GIFT_EINVAL;
+        c->timeout_ms = (uint32_t)num;
+    }
+    c->connect_timeout_ms =
+        o->connect_timeout_ms ? o->connect_timeout_ms : GIFT__CONNECT_TIMEOUT_DEFAULT;
+    c->backoff_max_ms = o->backoff_max_ms ? o->backoff_max_ms : GIFT__BACKOFF_MAX_DEFAULT;
+    c->seed = o->seed ? o->seed : 1;
+    if (o->codec_threads != -1) {
+        if (o->codec_threads < 0 || o->codec_threads > GIFT__CODEC_THREADS_MAX) {
+            fprintf(stderr, "giftclient: opts.codec_threads %d: want 0..%d, or -1 for "
+                            "$GIFT_CODEC_THREADS\n",
+                    o->codec_threads, GIFT__CODEC_THREADS_MAX);
+            return GIFT_EINVAL;
+        }
+        c->codec_threads = o->codec_threads;
+    } else if ((got = env_number("GIFT_CODEC_THREADS", 0, GIFT__CODEC_THREADS_MAX, "threads",
+                                 &num)) != 0) {
+        if (got < 0)
+            return GIFT_EINVAL;
+        c->codec_threads = (int)num;
+    }
+    return 0;
+}
+
+/* The client's name and run id (at most 64 bytes), from o or else the
+ * environment. 0, or GIFT_EINVAL (said on stderr). */
+static int config_names(gift_client_t *c, const gift_client_opts_t *o)
+{
+    const char *v = o->name;
+    if (v != NULL && *v != '\0')
+        snprintf(c->name, sizeof c->name, "%s", v);
+    else
+        snprintf(c->name, sizeof c->name, "gift-%ld", (long)getpid());
+    v = o->run_id != NULL ? o->run_id : getenv("GIFT_RUN_ID");
+    if (v != NULL && strlen(v) >= sizeof c->run_id) {
+        fprintf(stderr, "giftclient: run id (%s) of %zu bytes; at most %zu are allowed\n",
+                o->run_id != NULL ? "opts.run_id" : "GIFT_RUN_ID", strlen(v),
+                sizeof c->run_id - 1);
+        return GIFT_EINVAL;
+    }
+    snprintf(c->run_id, sizeof c->run_id, "%s", v != NULL ? v : "");
+    return 0;
+}
+
+/* The shared key, when o or GIFT_AUTH_KEY_FILE names a key file: loaded
+ * into c->auth and checked against this worker's rank. 0 (none named, or
+ * loaded), GIFT_ENOMEM or GIFT_EAUTH (said on stderr). */
+static int config_auth(gift_client_t *c, const gift_client_opts_t *o)
+{
+    const char *v = o->auth_key_file != NULL ? o->auth_key_file : getenv("GIFT_AUTH_KEY_FILE");
+    char err[512], warn[512];
+    if (v == NULL || *v == '\0')
+        return 0;
+    if ((c->auth = malloc(sizeof *c->auth)) == NULL)
+        return GIFT_ENOMEM;
+    if (gift_auth_key_load(v, c->auth, err, sizeof err, warn, sizeof warn) < 0) {
+        fprintf(stderr, "giftclient: %s\n", err);
+        return GIFT_EAUTH;
+    }
+    if (warn[0])
+        fprintf(stderr, "giftclient: warning: %s\n", warn);
+    if (c->auth->rank_bound && c->auth->rank != (uint32_t)c->rank) {
+        fprintf(stderr, "giftclient: auth key file %s is rank %u's key; this worker is rank "
+                "%d\n", v, c->auth->rank, c->rank);
+        return GIFT_EAUTH;
+    }
+    return 0;
+}
+
+int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
+{
+    gift_client_opts_t o;
+    gift_client_t *c;
+    int rc;
+
+    if (out == NULL)
+        return GIFT_EINVAL;
+    *out = NULL;
+    if ((rc = opts_copy(opts, &o)) < 0)
+        return rc;
     if ((c = calloc(1, sizeof *c)) == NULL)
         return GIFT_ENOMEM;
     c->dev = gift__devices();
@@ -375,78 +480,9 @@ int gift__client_new(const gift_client_opts_t *opts, gift_client_t **out)
     rc = GIFT_EINVAL;
     if (parse_servers(c, o.servers ? o.servers : getenv("GIFT_SERVERS")) < 0)
         goto fail;
-    rank = o.rank >= 0 ? o.rank : parse_uint(env2("GIFT_RANK", "RANK"), 65535);
-    world = o.world_size > 0 ? o.world_size : parse_uint(env2("GIFT_WORLD", "WORLD_SIZE"), 65536);
-    if (rank < 0 || world < 1 || world > 65536 || rank >= world)
+    if ((rc = config_numbers(c, &o)) < 0 || (rc = config_names(c, &o)) < 0 ||
+        (rc = config_auth(c, &o)) < 0)
         goto fail;
-    c->rank = (int)rank;
-    c->world = (int)world;
-    c->chunk_bytes = o.chunk_bytes ? o.chunk_bytes : GIFT__CHUNK_DEFAULT;
-    if (!o.chunk_bytes &&
-        (got = env_number("GIFT_CHUNK_BYTES", 64, 1l << 30, "bytes", &num)) != 0) {
-        if (got < 0)
-            goto fail;
-        c->chunk_bytes = (uint64_t)num;
-    }
-    if (c->chunk_bytes < 64)
-        goto fail;
-    c->timeout_ms = o.timeout_ms ? o.timeout_ms : GIFT__TIMEOUT_DEFAULT;
-    if (!o.timeout_ms &&
-        (got = env_number("GIFT_TIMEOUT_MS", 1, UINT32_MAX, "milliseconds", &num)) != 0) {
-        if (got < 0)
-            goto fail;
-        c->timeout_ms = (uint32_t)num;
-    }
-    c->connect_timeout_ms =
-        o.connect_timeout_ms ? o.connect_timeout_ms : GIFT__CONNECT_TIMEOUT_DEFAULT;
-    c->backoff_max_ms = o.backoff_max_ms ? o.backoff_max_ms : GIFT__BACKOFF_MAX_DEFAULT;
-    c->seed = o.seed ? o.seed : 1;
-    if (o.codec_threads != -1) {
-        if (o.codec_threads < 0 || o.codec_threads > GIFT__CODEC_THREADS_MAX) {
-            fprintf(stderr, "giftclient: opts.codec_threads %d: want 0..%d, or -1 for "
-                            "$GIFT_CODEC_THREADS\n",
-                    o.codec_threads, GIFT__CODEC_THREADS_MAX);
-            goto fail;
-        }
-        c->codec_threads = o.codec_threads;
-    } else if ((got = env_number("GIFT_CODEC_THREADS", 0, GIFT__CODEC_THREADS_MAX, "threads",
-                                 &num)) != 0) {
-        if (got < 0)
-            goto fail;
-        c->codec_threads = (int)num;
-    }
-    v = o.name;
-    if (v != NULL && *v != '\0')
-        snprintf(c->name, sizeof c->name, "%s", v);
-    else
-        snprintf(c->name, sizeof c->name, "gift-%ld", (long)getpid());
-    v = o.run_id != NULL ? o.run_id : getenv("GIFT_RUN_ID");
-    if (v != NULL && strlen(v) >= sizeof c->run_id) {
-        fprintf(stderr, "giftclient: run id (%s) of %zu bytes; at most %zu are allowed\n",
-                o.run_id != NULL ? "opts.run_id" : "GIFT_RUN_ID", strlen(v),
-                sizeof c->run_id - 1);
-        goto fail;
-    }
-    snprintf(c->run_id, sizeof c->run_id, "%s", v != NULL ? v : "");
-    v = o.auth_key_file != NULL ? o.auth_key_file : getenv("GIFT_AUTH_KEY_FILE");
-    if (v != NULL && *v != '\0') {
-        char err[512], warn[512];
-        rc = GIFT_ENOMEM;
-        if ((c->auth = malloc(sizeof *c->auth)) == NULL)
-            goto fail;
-        rc = GIFT_EAUTH;
-        if (gift_auth_key_load(v, c->auth, err, sizeof err, warn, sizeof warn) < 0) {
-            fprintf(stderr, "giftclient: %s\n", err);
-            goto fail;
-        }
-        if (warn[0])
-            fprintf(stderr, "giftclient: warning: %s\n", warn);
-        if (c->auth->rank_bound && c->auth->rank != (uint32_t)c->rank) {
-            fprintf(stderr, "giftclient: auth key file %s is rank %u's key; this worker is rank "
-                    "%d\n", v, c->auth->rank, c->rank);
-            goto fail;
-        }
-    }
     rc = GIFT_ENOMEM;
     if ((c->conns = calloc(c->nshards, sizeof *c->conns)) == NULL)
         goto fail;
@@ -767,11 +803,105 @@ static int descs_copy(const gift_tensor_desc_t *tensors, size_t n, gift_tensor_d
     return 0;
 }
 
+/* Fuses tensor d (nel elements, FP8 block blk) into the bucket of its
+ * codec class in cls (ncls classes so far), opening a class or a new bucket
+ * when one would exceed a chunk: member m's wire and offset. Its wire. */
+static gift__wire_t *member_fuse(gift_client_t *c, fuse_class_t *cls, size_t *ncls,
+                                 const gift_tensor_desc_t *d, uint32_t blk, size_t nel,
+                                 gift__member_t *m)
+{
+    fuse_class_t *k = NULL;
+    gift__wire_t *w;
+    for (size_t j = 0; j < *ncls && k == NULL; j++)
+        if (cls[j].push == d->push_codec && cls[j].pull == d->pull_codec &&
+            cls[j].block == blk && cls[j].ef == (d->error_feedback != 0) &&
+            cls[j].sr == (d->stochastic != 0) && cls[j].prio == d->priority &&
+            cls[j].pef == (d->pull_error_feedback != 0))
+            k = &cls[j];
+    if (k == NULL) {
+        k = &cls[(*ncls)++];
+        k->push = d->push_codec;
+        k->pull = d->pull_codec;
+        k->block = blk;
+        k->ef = d->error_feedback != 0;
+        k->sr = d->stochastic != 0;
+        k->prio = d->priority;
+        k->pef = d->pull_error_feedback != 0;
+        k->wire = UINT32_MAX;
+    }
+    if (k->wire == UINT32_MAX || (k->total + nel) * 4 > c->chunk_bytes) {
+        /* The class's bucket is full (or there is none yet): open one. */
+        k->wire = (uint32_t)c->nwires++;
+        k->total = 0;
+        c->wires[k->wire].rows = 1;
+    }
+    w = &c->wires[k->wire];
+    m->wire = k->wire;
+    m->off = k->total;
+    k->total += nel;
+    w->cols = (uint32_t)k->total;
+    return w;
+}
+
+/* A wire of its own for tensor d (nel elements) and member m: its shape,
+ * or, for a Euclidean row wider than a chunk, rows of a divisor of its
+ * length. Its wire. */
+static gift__wire_t *member_own(gift_client_t *c, const gift_tensor_desc_t *d, size_t nel,
+                                gift__member_t *m)
+{
+    gift__wire_t *w;
+    m->wire = (uint32_t)c->nwires++;
+    m->off = 0;
+    w = &c->wires[m->wire];
+    w->rows = d->rows;
+    w->cols = d->cols;
+    if (!d->geometry && (uint64_t)d->cols * 4 > c->chunk_bytes) {
+        /* A row wider than a chunk: re-cut the (Euclidean) tensor into
+         * rows of a divisor of its length, at least 8 rows a chunk. */
+        size_t cmax = (size_t)(c->chunk_bytes / 32), cc;
+        if (cmax < 1)
+            cmax = 1;
+        for (cc = cmax < nel ? cmax : nel; cc > 1 && nel % cc != 0; cc--)
+            ;
+        w->cols = (uint32_t)cc;
+        w->rows = (uint32_t)(nel / cc);
+    }
+    return w;
+}
+
+/* The wire's codecs, flags and geometry rank, from its first member's
+ * tensor d. 0, or GIFT_EINVAL (no rank fits). */
+static int wire_from_first(gift__wire_t *w, const gift_tensor_desc_t *d)
+{
+    w->push.fmt = (gift_format_t)d->push_codec;
+    w->pull.fmt = (gift_format_t)d->pull_codec;
+    w->push.block = fp8(d->push_codec) ? d->fp8_block : 0;
+    w->pull.block = fp8(d->pull_codec) ? d->fp8_block : 0;
+    w->push.stochastic = d->stochastic != 0;
+    w->ef_on = d->error_feedback != 0;
+    w->pull_ef = d->pull_error_feedback != 0;
+    w->geometry = d->geometry != 0;
+    w->prio = d->priority;
+    w->memory = d->memory;
+    w->device = d->device;
+    if (w->geometry) {
+        int k = d->rank ? (int)d->rank : gift_rank_default((int)d->rows, (int)d->cols);
+        int ks = gift_basis_cols((int)d->cols, k, GIFT_OVERSAMPLE_DEFAULT);
+        if (k < 1 || ks < k)
+            return GIFT_EINVAL;
+        w->k = (uint32_t)k;
+        w->ks = (uint32_t)ks;
+        w->refresh = d->refresh ? d->refresh : GIFT__REFRESH_DEFAULT;
+    }
+    return 0;
+}
+
 /* Maps every tensor to a member of a wire tensor: small Euclidean host
  * tensors are fused into one 1 x N bucket per codec class (in declaration
- * order, a new bucket when one would exceed a chunk), every other tensor is
- * a wire of its own (a row wider than a chunk re-cut). Sets each wire's
- * codecs, flags and geometry rank. 0, GIFT_EINVAL or GIFT_ENOMEM. */
+ * order, a new bucket when one would exceed a chunk: member_fuse), every
+ * other tensor is a wire of its own (a row wider than a chunk re-cut:
+ * member_own). Sets each wire's codecs, flags and geometry rank
+ * (wire_from_first). 0, GIFT_EINVAL or GIFT_ENOMEM. */
 static int members_build(gift_client_t *c, const gift_tensor_desc_t *d, size_t n)
 {
     fuse_class_t *cls = NULL;
@@ -789,7 +919,7 @@ static int members_build(gift_client_t *c, const gift_tensor_desc_t *d, size_t n
         uint32_t blk = fp8(d[i].push_codec) || fp8(d[i].pull_codec)
                            ? (d[i].fp8_block ? d[i].fp8_block : GIFT_FP8_BLOCK_DEFAULT)
                            : 0;
-        gift__wire_t *w = NULL;
+        gift__wire_t *w;
         char nb[32];
 
         if (d[i].name == NULL)
@@ -800,78 +930,13 @@ static int members_build(gift_client_t *c, const gift_tensor_desc_t *d, size_t n
         m->cols = d[i].cols;
         m->n = nel;
         if (!d[i].geometry && d[i].memory == GIFT_MEMORY_HOST && nel * 4 < GIFT__FUSE_BYTES &&
-            nel * 4 <= c->chunk_bytes) {
-            fuse_class_t *k = NULL;
-            for (size_t j = 0; j < ncls && k == NULL; j++)
-                if (cls[j].push == d[i].push_codec && cls[j].pull == d[i].pull_codec &&
-                    cls[j].block == blk && cls[j].ef == (d[i].error_feedback != 0) &&
-                    cls[j].sr == (d[i].stochastic != 0) && cls[j].prio == d[i].priority &&
-                    cls[j].pef == (d[i].pull_error_feedback != 0))
-                    k = &cls[j];
-            if (k == NULL) {
-                k = &cls[ncls++];
-                k->push = d[i].push_codec;
-                k->pull = d[i].pull_codec;
-                k->block = blk;
-                k->ef = d[i].error_feedback != 0;
-                k->sr = d[i].stochastic != 0;
-                k->prio = d[i].priority;
-                k->pef = d[i].pull_error_feedback != 0;
-                k->wire = UINT32_MAX;
-            }
-            if (k->wire == UINT32_MAX || (k->total + nel) * 4 > c->chunk_bytes) {
-                /* The class's bucket is full (or there is none yet): open one. */
-                k->wire = (uint32_t)c->nwires++;
-                k->total = 0;
-                c->wires[k->wire].rows = 1;
-            }
-            w = &c->wires[k->wire];
-            m->wire = k->wire;
-            m->off = k->total;
-            k->total += nel;
-            w->cols = (uint32_t)k->total;
-        } else {
-            m->wire = (uint32_t)c->nwires++;
-            m->off = 0;
-            w = &c->wires[m->wire];
-            w->rows = d[i].rows;
-            w->cols = d[i].cols;
-            if (!d[i].geometry && (uint64_t)d[i].cols * 4 > c->chunk_bytes) {
-                /* A row wider than a chunk: re-cut the (Euclidean) tensor into
-                 * rows of a divisor of its length, at least 8 rows a chunk. */
-                size_t cmax = (size_t)(c->chunk_bytes / 32), cc;
-                if (cmax < 1)
-                    cmax = 1;
-                for (cc = cmax < nel ? cmax : nel; cc > 1 && nel % cc != 0; cc--)
-                    ;
-                w->cols = (uint32_t)cc;
-                w->rows = (uint32_t)(nel / cc);
-            }
-        }
-        if (w->nmembers == 0) {
-            w->push.fmt = (gift_format_t)d[i].push_codec;
-            w->pull.fmt = (gift_format_t)d[i].pull_codec;
-            w->push.block = fp8(d[i].push_codec) ? d[i].fp8_block : 0;
-            w->pull.block = fp8(d[i].pull_codec) ? d[i].fp8_block : 0;
-            w->push.stochastic = d[i].stochastic != 0;
-            w->ef_on = d[i].error_feedback != 0;
-            w->pull_ef = d[i].pull_error_feedback != 0;
-            w->geometry = d[i].geometry != 0;
-            w->prio = d[i].priority;
-            w->memory = d[i].memory;
-            w->device = d[i].device;
-            if (w->geometry) {
-                int k =
-                    d[i].rank ? (int)d[i].rank : gift_rank_default((int)d[i].rows, (int)d[i].cols);
-                int ks = gift_basis_cols((int)d[i].cols, k, GIFT_OVERSAMPLE_DEFAULT);
-                if (k < 1 || ks < k) {
-                    rc = GIFT_EINVAL;
-                    goto out_free_cls;
-                }
-                w->k = (uint32_t)k;
-                w->ks = (uint32_t)ks;
-                w->refresh = d[i].refresh ? d[i].refresh : GIFT__REFRESH_DEFAULT;
-            }
+            nel * 4 <= c->chunk_bytes)
+            w = member_fuse(c, cls, &ncls, &d[i], blk, nel, m);
+        else
+            w = member_own(c, &d[i], nel, m);
+        if (w->nmembers == 0 && wire_from_first(w, &d[i]) < 0) {
+            rc = GIFT_EINVAL; /* rc stays GIFT_ENOMEM for the strdup above */
+            goto out_free_cls;
         }
         m->index = w->nmembers++;
     }
