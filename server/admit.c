@@ -12,8 +12,6 @@
 #include "log.h"
 #include "send.h"
 
-#define send_error gift__send_error
-
 /* The parked pulls one connection may hold: max_parked_per_peer, or by
  * default what one worker can need (steps base and base + 1 of every chunk
  * here) and some room for repeats. Never more than the pool. */
@@ -183,11 +181,11 @@ int gift__admit_first_step(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, c
     uint64_t lowest = gift__admit_lowest_base(s);
     if (m->step <= lowest || m->step - lowest <= s->o.max_step_ahead)
         return 0;
-    send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
-               "push for step %" PRIu64 " is the first of tensor %u chunk %u and more than "
-               "max_step_ahead (%" PRIu64 ") past this shard's lowest open step %" PRIu64
-               "; raise max_step_ahead (--max-step-ahead) if the run really starts there",
-               m->step, ch->t->key, ch->id, s->o.max_step_ahead, lowest);
+    gift__send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
+                     "push for step %" PRIu64 " is the first of tensor %u chunk %u and more than "
+                     "max_step_ahead (%" PRIu64 ") past this shard's lowest open step %" PRIu64
+                     "; raise max_step_ahead (--max-step-ahead) if the run really starts there",
+                     m->step, ch->t->key, ch->id, s->o.max_step_ahead, lowest);
     return GIFT_ESTEP;
 }
 
@@ -222,12 +220,13 @@ int gift__admit_run_id(gift_shard_t *s, gift_peer_t *p, const char *run_id)
 {
     if (s->run_id[0] == '\0' || run_id[0] == '\0' || strcmp(s->run_id, run_id) == 0)
         return 0;
-    send_error(s, p, GIFT_ERUNID, 1, 0, 0, 0, 0,
-               "shard %u holds the state of run '%s'; this worker presents run '%s' "
-               "(GIFT_RUN_ID): once that run is over, reset the shard (`giftctl reset --servers "
-               "HOST:PORT --run-id %s`, its address), or restart giftd with --reset or with a "
-               "fresh data directory",
-               s->o.shard_id, s->run_id, run_id, s->run_id);
+    gift__send_error(
+        s, p, GIFT_ERUNID, 1, 0, 0, 0, 0,
+        "shard %u holds the state of run '%s'; this worker presents run '%s' "
+        "(GIFT_RUN_ID): once that run is over, reset the shard (`giftctl reset --servers "
+        "HOST:PORT --run-id %s`, its address), or restart giftd with --reset or with a "
+        "fresh data directory",
+        s->o.shard_id, s->run_id, run_id, s->run_id);
     GIFT_LOG_WARN(p->id, "refused a worker of run '%s': this shard holds run '%s'",
                   run_id, s->run_id);
     return GIFT_ERUNID;
@@ -249,12 +248,13 @@ int gift__admit_resume(gift_shard_t *s, gift_peer_t *p, uint64_t resume)
         snprintf(held, sizeof held, "it has finished no step");
     else
         snprintf(held, sizeof held, "its newest finished step is %" PRIu64, newest - 1);
-    send_error(s, p, GIFT_ESTATE, 1, 0, 0, resume - 1, 0,
-               "shard %u lost this run's state: the worker has the mean of step %" PRIu64
-               " from it, but %s. It was restarted without checkpoints (or on another data "
-               "directory); the run cannot continue exactly. Restart the whole run, and run giftd "
-               "with --checkpoint-steps N --data-dir DIR so that a restarted shard resumes",
-               s->o.shard_id, resume - 1, held);
+    gift__send_error(
+        s, p, GIFT_ESTATE, 1, 0, 0, resume - 1, 0,
+        "shard %u lost this run's state: the worker has the mean of step %" PRIu64
+        " from it, but %s. It was restarted without checkpoints (or on another data "
+        "directory); the run cannot continue exactly. Restart the whole run, and run giftd "
+        "with --checkpoint-steps N --data-dir DIR so that a restarted shard resumes",
+        s->o.shard_id, resume - 1, held);
     GIFT_LOG_ERROR(p->id, "refused a worker: it received the mean of step %" PRIu64
                    " from this shard, but %s (restarted without checkpoints?)",
                    resume - 1, held);
@@ -267,11 +267,12 @@ int gift__admit_resume(gift_shard_t *s, gift_peer_t *p, uint64_t resume)
     for (uint32_t r = 0; s->o.auth != NULL && newest == 0 && r < s->by_rank_len; r++) {
         gift_peer_t *q = s->by_rank[r];
         if (q != NULL && q != p && !q->closing)
-            send_error(s, q, GIFT_ESTATE, 1, 0, 0, resume - 1, 0,
-                       "shard %u lost this run's state: another worker has the mean of step "
-                       "%" PRIu64 " from it, but %s. Restart the whole run, and run giftd with "
-                       "--checkpoint-steps N --data-dir DIR so that a restarted shard resumes",
-                       s->o.shard_id, resume - 1, held);
+            gift__send_error(
+                s, q, GIFT_ESTATE, 1, 0, 0, resume - 1, 0,
+                "shard %u lost this run's state: another worker has the mean of step "
+                "%" PRIu64 " from it, but %s. Restart the whole run, and run giftd with "
+                "--checkpoint-steps N --data-dir DIR so that a restarted shard resumes",
+                s->o.shard_id, resume - 1, held);
     }
     return GIFT_ESTATE;
 }

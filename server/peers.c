@@ -13,8 +13,6 @@
 #include "peers.h"
 #include "send.h"
 
-#define send_error gift__send_error
-
 /* ------------------------------------------------------------------ */
 /* Peers and parked pulls                                                */
 /* ------------------------------------------------------------------ */
@@ -66,12 +64,12 @@ void gift_shard_peer_close(gift_shard_t *s, gift_peer_t *p)
 void gift__park_refused(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
 {
     if (p->nparked >= gift__admit_park_cap(s))
-        send_error(s, p, GIFT_EBUSY, 0, m->key, m->chunk, m->step, m->seq,
-                   "too many pulls waiting from this connection (%u; max_parked_per_peer %u)",
-                   p->nparked, gift__admit_park_cap(s));
+        gift__send_error(s, p, GIFT_EBUSY, 0, m->key, m->chunk, m->step, m->seq,
+                         "too many pulls waiting from this connection (%u; max_parked_per_peer %u)",
+                         p->nparked, gift__admit_park_cap(s));
     else
-        send_error(s, p, GIFT_EBUSY, 0, m->key, m->chunk, m->step, m->seq,
-                   "too many pulls waiting on this shard (max_parked %u)", s->o.max_parked);
+        gift__send_error(s, p, GIFT_EBUSY, 0, m->key, m->chunk, m->step, m->seq,
+                         "too many pulls waiting on this shard (max_parked %u)", s->o.max_parked);
 }
 
 /* p acts as its rank (any message but Hello and StatsRequest): its Hello's
@@ -87,15 +85,16 @@ int gift__claim_rank(gift_shard_t *s, gift_peer_t *p)
     if (p->claimed)
         return 0;
     if (s->world != 0 && p->world != s->world) {
-        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u, the cluster has %u (from %s)",
-                   p->world, s->world, s->o.world_size ? "world_size" : "the first Declare");
+        gift__send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0,
+                         "world size %u, the cluster has %u (from %s)", p->world, s->world,
+                         s->o.world_size ? "world_size" : "the first Declare");
         return GIFT_EWORLD;
     }
     if (p->rank >= s->by_rank_len) {
         uint32_t n = p->rank + 1 > 2 * s->by_rank_len ? p->rank + 1 : 2 * s->by_rank_len;
         gift_peer_t **nb = realloc(s->by_rank, (size_t)n * sizeof *nb);
         if (nb == NULL) {
-            send_error(s, p, GIFT_ENOMEM, 1, 0, 0, 0, 0, "out of memory for the rank table");
+            gift__send_error(s, p, GIFT_ENOMEM, 1, 0, 0, 0, 0, "out of memory for the rank table");
             return GIFT_ENOMEM;
         }
         memset(nb + s->by_rank_len, 0, (size_t)(n - s->by_rank_len) * sizeof *nb);
@@ -105,11 +104,12 @@ int gift__claim_rank(gift_shard_t *s, gift_peer_t *p)
     q = s->by_rank[p->rank];
     if (q != NULL && q != p) {
         if (s->o.auth == NULL) {
-            send_error(s, p, GIFT_EBUSY, 1, 0, 0, 0, 0,
-                       "rank %u is already connected (connection %" PRIu64 "); one live "
-                       "connection per rank: it must close first (or set auth_key_file, so that "
-                       "a reconnect proves its rank and replaces it)",
-                       p->rank, q->id);
+            gift__send_error(
+                s, p, GIFT_EBUSY, 1, 0, 0, 0, 0,
+                "rank %u is already connected (connection %" PRIu64 "); one live "
+                "connection per rank: it must close first (or set auth_key_file, so that "
+                "a reconnect proves its rank and replaces it)",
+                p->rank, q->id);
             return GIFT_EBUSY;
         }
         GIFT_LOG_WARN(p->id,
@@ -119,9 +119,9 @@ int gift__claim_rank(gift_shard_t *s, gift_peer_t *p)
         while (q->parked)
             gift__parked_unlink(s, q->parked);
         q->claimed = 0;
-        send_error(s, q, GIFT_ECLOSED, 1, 0, 0, 0, 0,
-                   "replaced by connection %" PRIu64 ", which proved the key of rank %u", p->id,
-                   p->rank);
+        gift__send_error(s, q, GIFT_ECLOSED, 1, 0, 0, 0, 0,
+                         "replaced by connection %" PRIu64 ", which proved the key of rank %u",
+                         p->id, p->rank);
     }
     s->by_rank[p->rank] = p;
     p->claimed = 1;
@@ -168,14 +168,14 @@ int gift_shard_peer_claim(gift_shard_t *s, gift_peer_t *p)
     if (p->closing)
         return GIFT_ECLOSED;
     if (!p->hello) {
-        send_error(s, p, s->o.auth ? GIFT_EAUTH : GIFT_EPROTO, 1, 0, 0, 0, 0,
-                   "a frame with a payload before the Hello%s completed",
-                   s->o.auth ? " and its authentication" : "");
+        gift__send_error(s, p, s->o.auth ? GIFT_EAUTH : GIFT_EPROTO, 1, 0, 0, 0, 0,
+                         "a frame with a payload before the Hello%s completed",
+                         s->o.auth ? " and its authentication" : "");
         return s->o.auth ? GIFT_EAUTH : GIFT_EPROTO;
     }
     if (s->world == 0) {
-        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0,
-                   "a frame with a payload before any Declare on this shard");
+        gift__send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0,
+                         "a frame with a payload before any Declare on this shard");
         return GIFT_EPROTO;
     }
     return gift__claim_rank(s, p);

@@ -17,8 +17,6 @@
 #include "reset.h"
 #include "send.h"
 
-#define send_error gift__send_error
-
 /* The workers connected as ranks (p, the requester, is none): their count,
  * and the first few ranks in ranks. */
 static uint32_t workers_connected(const gift_shard_t *s, char *ranks, size_t cap)
@@ -53,10 +51,10 @@ static uint32_t close_workers(gift_shard_t *s, gift_peer_t *by, const char *run)
         q->claimed = 0;
         s->by_rank[r] = NULL;
         if (!q->closing) {
-            send_error(s, q, GIFT_ESTATE, 1, 0, 0, 0, 0,
-                       "shard %u was reset by `giftctl reset --force` (connection %" PRIu64
-                       "): the state of run '%s' is gone; restart the run",
-                       s->o.shard_id, by->id, run);
+            gift__send_error(s, q, GIFT_ESTATE, 1, 0, 0, 0, 0,
+                             "shard %u was reset by `giftctl reset --force` (connection %" PRIu64
+                             "): the state of run '%s' is gone; restart the run",
+                             s->o.shard_id, by->id, run);
             n++;
         }
     }
@@ -68,49 +66,51 @@ int gift__reset(gift_shard_t *s, gift_peer_t *p, const Gift__Reset *m)
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__ResetAck ack = GIFT__RESET_ACK__INIT;
     const char *want = m->run_id != NULL ? m->run_id : "";
-    char run[RUN_ID_MAX + 1], ranks[128], err[512] = "";
+    char run[GIFT_RUN_ID_MAX + 1], ranks[128], err[512] = "";
     uint32_t busy;
     int rc = 0;
 
     if (p->claimed) { /* a worker's connection resetting its own run */
-        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, m->seq,
-                   "reset refused: this connection acts as rank %u; reset with giftctl", p->rank);
+        gift__send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, m->seq,
+                         "reset refused: this connection acts as rank %u; reset with giftctl",
+                         p->rank);
         return GIFT_EPROTO;
     }
-    if (strnlen(want, RUN_ID_MAX + 1) > RUN_ID_MAX) {
-        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, m->seq, "reset: run id longer than %d bytes",
-                   RUN_ID_MAX);
+    if (strnlen(want, GIFT_RUN_ID_MAX + 1) > GIFT_RUN_ID_MAX) {
+        gift__send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, m->seq,
+                         "reset: run id longer than %d bytes", GIFT_RUN_ID_MAX);
         return GIFT_EPROTO;
     }
     if (s->o.auth != NULL) {
         uint8_t mac[GIFT_AUTH_MAC_BYTES];
         gift_auth_reset_mac(s->o.auth, p->nonce, p->cnonce, want, m->force, m->seq, mac);
         if (gift_auth_verify(m->auth_mac.data, m->auth_mac.len, mac) < 0) {
-            send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, m->seq,
-                       "reset refused: it needs the shared secret of this shard's "
-                       "auth_key_file (giftctl --auth-key-file), not a rank key; nothing changed");
+            gift__send_error(
+                s, p, GIFT_EAUTH, 1, 0, 0, 0, m->seq,
+                "reset refused: it needs the shared secret of this shard's "
+                "auth_key_file (giftctl --auth-key-file), not a rank key; nothing changed");
             return GIFT_EAUTH;
         }
     }
     if (want[0] != '\0' && strcmp(want, s->run_id) != 0) {
-        send_error(s, p, GIFT_ERUNID, 1, 0, 0, 0, m->seq,
-                   "reset refused: shard %u holds %s%s%s, not run '%s' (--run-id); nothing "
-                   "changed",
-                   s->o.shard_id, s->run_id[0] ? "run '" : "no run id",
-                   s->run_id, s->run_id[0] ? "'" : "", want);
+        gift__send_error(s, p, GIFT_ERUNID, 1, 0, 0, 0, m->seq,
+                         "reset refused: shard %u holds %s%s%s, not run '%s' (--run-id); nothing "
+                         "changed",
+                         s->o.shard_id, s->run_id[0] ? "run '" : "no run id",
+                         s->run_id, s->run_id[0] ? "'" : "", want);
         return GIFT_ERUNID;
     }
     busy = workers_connected(s, ranks, sizeof ranks);
     snprintf(run, sizeof run, "%s", s->run_id);
     if (busy > 0 && !m->force) {
-        char of[RUN_ID_MAX + 16];
+        char of[GIFT_RUN_ID_MAX + 16];
         snprintf(of, sizeof of, run[0] ? "of run '%s'" : "of a run without a run id%s", run);
-        send_error(s, p, GIFT_EBUSY, 1, 0, 0, 0, m->seq,
-                   "reset refused: %u worker%s %s %s connected to shard %u (rank%s %s); "
-                   "stop %s first, or pass --force to drop the run under %s; nothing changed",
-                   busy, busy == 1 ? "" : "s", of, busy == 1 ? "is" : "are",
-                   s->o.shard_id, busy == 1 ? "" : "s", ranks, busy == 1 ? "it" : "them",
-                   busy == 1 ? "it" : "them");
+        gift__send_error(s, p, GIFT_EBUSY, 1, 0, 0, 0, m->seq,
+                         "reset refused: %u worker%s %s %s connected to shard %u (rank%s %s); "
+                         "stop %s first, or pass --force to drop the run under %s; nothing changed",
+                         busy, busy == 1 ? "" : "s", of, busy == 1 ? "is" : "are",
+                         s->o.shard_id, busy == 1 ? "" : "s", ranks, busy == 1 ? "it" : "them",
+                         busy == 1 ? "it" : "them");
         return GIFT_EBUSY;
     }
     ack.seq = m->seq;
@@ -138,10 +138,10 @@ int gift__reset(gift_shard_t *s, gift_peer_t *p, const Gift__Reset *m)
                   s->jr == NULL ? "" : rc == 0 ? "; moved the checkpoint and step logs aside into a discarded-* folder of " : "; ",
                   s->jr == NULL ? "" : rc == 0 ? s->dir : err);
     if (rc < 0) {
-        send_error(s, p, rc, 1, 0, 0, 0, m->seq,
-                   "reset: the state in memory was dropped, but %s; fix it and reset again "
-                   "(or restart giftd with --reset)",
-                   err);
+        gift__send_error(s, p, rc, 1, 0, 0, 0, m->seq,
+                         "reset: the state in memory was dropped, but %s; fix it and reset again "
+                         "(or restart giftd with --reset)",
+                         err);
         return rc;
     }
     env.msg_case = GIFT__ENVELOPE__MSG_RESET_ACK;

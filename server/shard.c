@@ -39,11 +39,6 @@ static int hits_step(const gift_shard_t *s, uint64_t step)
     return s->o.hits_every && step % s->o.hits_every == 0;
 }
 
-/* The senders of send.c, under the names the handlers call them by. */
-#define send_frame gift__send_frame
-#define send_error gift__send_error
-#define send_reply gift__send_reply
-
 /* ------------------------------------------------------------------ */
 /* Creation and teardown                                                 */
 /* ------------------------------------------------------------------ */
@@ -385,8 +380,8 @@ int gift__shard_declare_apply(gift_shard_t *s, const Gift__Declare *d, char *why
         return GIFT_ENOMEM;
     }
     /* The run id comes from a peer or from disk: bounded before it is kept. */
-    if (d->run_id != NULL && strnlen(d->run_id, RUN_ID_MAX + 1) > RUN_ID_MAX) {
-        snprintf(why, whylen, "its run id is longer than %d bytes", RUN_ID_MAX);
+    if (d->run_id != NULL && strnlen(d->run_id, GIFT_RUN_ID_MAX + 1) > GIFT_RUN_ID_MAX) {
+        snprintf(why, whylen, "its run id is longer than %d bytes", GIFT_RUN_ID_MAX);
         free(buf);
         return GIFT_EPROTO;
     }
@@ -427,19 +422,20 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
         return GIFT_ERUNID;
     gift_digest_bytes(digest, want);
     if (d->digest.len != 8 || memcmp(d->digest.data, want, 8) != 0) {
-        send_error(s, p, GIFT_EDIGEST, 0, 0, 0, 0, 0,
-                   "declare digest does not match its tensor list (%zu tensors)", d->n_tensors);
+        gift__send_error(s, p, GIFT_EDIGEST, 0, 0, 0, 0, 0,
+                         "declare digest does not match its tensor list (%zu tensors)",
+                         d->n_tensors);
         return 0;
     }
     if (s->declared) {
         if (digest != s->digest) {
-            send_error(s, p, GIFT_EDIGEST, 0, 0, 0, 0, 0,
-                       "tensor list differs from the one already declared on this shard");
+            gift__send_error(s, p, GIFT_EDIGEST, 0, 0, 0, 0, 0,
+                             "tensor list differs from the one already declared on this shard");
             return 0;
         }
         if (sig != s->placement) {
-            send_error(s, p, GIFT_EDIGEST, 0, 0, 0, 0, 0,
-                       "chunk placement differs from the one already declared on this shard");
+            gift__send_error(s, p, GIFT_EDIGEST, 0, 0, 0, 0, 0,
+                             "chunk placement differs from the one already declared on this shard");
             return 0;
         }
     } else {
@@ -453,7 +449,7 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
         if ((rc = gift__shard_declare_apply(s, d, why, sizeof why)) < 0) {
             if (adopt)
                 s->world = 0, s->words = 0;
-            send_error(s, p, rc, 0, 0, 0, 0, 0, "declare refused: %s", why);
+            gift__send_error(s, p, rc, 0, 0, 0, 0, 0, "declare refused: %s", why);
             return 0;
         }
         if (s->jr && (rc = s->jr->declare(s)) < 0) {
@@ -461,8 +457,8 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
             store_free(s);
             if (adopt)
                 s->world = 0, s->words = 0;
-            send_error(s, p, rc, 0, 0, 0, 0, 0,
-                       "declare refused: cannot write it to the step log in %s", s->dir);
+            gift__send_error(s, p, rc, 0, 0, 0, 0, 0,
+                             "declare refused: cannot write it to the step log in %s", s->dir);
             return 0;
         }
         if (adopt)
@@ -480,7 +476,7 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
     ack.chunks = (uint32_t)s->nchunks;
     env.msg_case = GIFT__ENVELOPE__MSG_DECLARE_ACK;
     env.declare_ack = &ack;
-    return send_frame(s, p, &env, NULL, 0, 0) < 0 ? 0 : 0;
+    return gift__send_frame(s, p, &env, NULL, 0, 0) < 0 ? 0 : 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -494,13 +490,13 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
     uint8_t dg[8], mac[GIFT_AUTH_MAC_BYTES];
 
     if (p->hello) {
-        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "second Hello on one connection");
+        gift__send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "second Hello on one connection");
         return GIFT_EPROTO;
     }
     if (h->protocol_version != GIFT_PROTOCOL_VERSION) {
-        send_error(s, p, GIFT_EVERSION, 1, 0, 0, 0, 0,
-                   "protocol version %u, this shard speaks %d", h->protocol_version,
-                   GIFT_PROTOCOL_VERSION);
+        gift__send_error(s, p, GIFT_EVERSION, 1, 0, 0, 0, 0,
+                         "protocol version %u, this shard speaks %d", h->protocol_version,
+                         GIFT_PROTOCOL_VERSION);
         return GIFT_EVERSION;
     }
     if (s->o.auth != NULL) {
@@ -509,7 +505,7 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
         if (!p->challenged) {
             Gift__AuthChallenge ch = GIFT__AUTH_CHALLENGE__INIT;
             if (gift_auth_nonce(p->nonce) < 0) {
-                send_error(s, p, GIFT_EIO, 1, 0, 0, 0, 0, "no random nonce (libsodium)");
+                gift__send_error(s, p, GIFT_EIO, 1, 0, 0, 0, 0, "no random nonce (libsodium)");
                 return GIFT_EIO;
             }
             p->challenged = 1;
@@ -518,24 +514,25 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
             ch.version = GIFT_AUTH_VERSION;
             env.msg_case = GIFT__ENVELOPE__MSG_AUTH_CHALLENGE;
             env.auth_challenge = &ch;
-            (void)send_frame(s, p, &env, NULL, 0, 0);
+            (void)gift__send_frame(s, p, &env, NULL, 0, 0);
             return 0;
         }
         if (h->auth_mac.len == 0) {
-            send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
-                       "this shard requires authentication and the Hello carries no MAC "
-                       "(is the client's auth key file, GIFT_AUTH_KEY_FILE, set?)");
+            gift__send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
+                             "this shard requires authentication and the Hello carries no MAC "
+                             "(is the client's auth key file, GIFT_AUTH_KEY_FILE, set?)");
             return GIFT_EAUTH;
         }
         if (h->client_nonce.len != GIFT_AUTH_NONCE_BYTES) {
-            send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0, "Hello carries a client nonce of %zu "
-                       "bytes; %d needed", h->client_nonce.len, GIFT_AUTH_NONCE_BYTES);
+            gift__send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0, "Hello carries a client nonce of %zu "
+                             "bytes; %d needed", h->client_nonce.len, GIFT_AUTH_NONCE_BYTES);
             return GIFT_EAUTH;
         }
         gift_auth_hello_mac(s->o.auth, p->nonce, h, mac);
         if (gift_auth_verify(h->auth_mac.data, h->auth_mac.len, mac) < 0) {
-            send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
-                       "authentication failed: the Hello's MAC does not match this shard's key");
+            gift__send_error(
+                s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
+                "authentication failed: the Hello's MAC does not match this shard's key");
             return GIFT_EAUTH;
         }
         gift_auth_ack_mac(s->o.auth, h->rank, p->nonce, h->client_nonce.data, h->auth_mac.data, mac);
@@ -544,23 +541,24 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
         memcpy(p->cnonce, h->client_nonce.data, sizeof p->cnonce); /* for a Reset's MAC */
     }
     if (h->world_size == 0 || h->world_size > 65536) {
-        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u out of range 1..65536",
-                   h->world_size);
+        gift__send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u out of range 1..65536",
+                         h->world_size);
         return GIFT_EWORLD;
     }
     if (s->world != 0 && h->world_size != s->world) {
-        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0,
-                   "world size %u, the cluster has %u: start every worker with WORLD_SIZE=%u",
-                   h->world_size, s->world, s->world);
+        gift__send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0,
+                         "world size %u, the cluster has %u: start every worker with WORLD_SIZE=%u",
+                         h->world_size, s->world, s->world);
         return GIFT_EWORLD;
     }
     if (h->rank >= h->world_size) {
-        send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "rank %u outside 0..%u", h->rank,
-                   h->world_size - 1);
+        gift__send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "rank %u outside 0..%u", h->rank,
+                         h->world_size - 1);
         return GIFT_EWORLD;
     }
-    if (h->run_id != NULL && strnlen(h->run_id, RUN_ID_MAX + 1) > RUN_ID_MAX) {
-        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "run id longer than %d bytes", RUN_ID_MAX);
+    if (h->run_id != NULL && strnlen(h->run_id, GIFT_RUN_ID_MAX + 1) > GIFT_RUN_ID_MAX) {
+        gift__send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "run id longer than %d bytes",
+                         GIFT_RUN_ID_MAX);
         return GIFT_EPROTO;
     }
     snprintf(p->run_id, sizeof p->run_id, "%s", h->run_id ? h->run_id : "");
@@ -571,8 +569,8 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
     if (s->declared && h->cluster_digest.len > 0) {
         gift_digest_bytes(s->digest, dg);
         if (h->cluster_digest.len != 8 || memcmp(h->cluster_digest.data, dg, 8) != 0) {
-            send_error(s, p, GIFT_EDIGEST, 1, 0, 0, 0, 0,
-                       "cluster digest differs from the tensor list declared on this shard");
+            gift__send_error(s, p, GIFT_EDIGEST, 1, 0, 0, 0, 0,
+                             "cluster digest differs from the tensor list declared on this shard");
             return GIFT_EDIGEST;
         }
     }
@@ -594,7 +592,7 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
     ack.world_size = s->world ? s->world : h->world_size;
     env.msg_case = GIFT__ENVELOPE__MSG_HELLO_ACK;
     env.hello_ack = &ack;
-    (void)send_frame(s, p, &env, NULL, 0, 0);
+    (void)gift__send_frame(s, p, &env, NULL, 0, 0);
     return 0;
 }
 
@@ -699,7 +697,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
                 gift_peer_t *p = q->peer;
                 uint64_t seq = q->seq;
                 gift__parked_unlink(s, q);
-                send_reply(s, p, ch, r, seq);
+                gift__send_reply(s, p, ch, r, seq);
             }
         }
     }
@@ -771,11 +769,12 @@ static void window_move(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, uint64_t s
         uint64_t qstep = q->step, seq = q->seq;
         next = q->cnext;
         gift__parked_unlink(s, q);
-        send_error(s, qp, GIFT_ESTEP, 0, ch->t->key, ch->id, qstep, seq,
-                   "pull for step %" PRIu64 " of tensor %u chunk %u: the window moved to step "
-                   "%" PRIu64 ", where the members' first pushes are; the pushes of steps "
-                   "%" PRIu64 "..%" PRIu64 " were dropped",
-                   qstep, ch->t->key, ch->id, step, old, old + 1);
+        gift__send_error(s, qp, GIFT_ESTEP, 0, ch->t->key, ch->id, qstep, seq,
+                         "pull for step %" PRIu64
+                         " of tensor %u chunk %u: the window moved to step "
+                         "%" PRIu64 ", where the members' first pushes are; the pushes of steps "
+                         "%" PRIu64 "..%" PRIu64 " were dropped",
+                         qstep, ch->t->key, ch->id, step, old, old + 1);
     }
 }
 
@@ -793,21 +792,21 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
     int rc, dup = 0;
 
     if (ch == NULL) {
-        send_error(s, p, GIFT_ENOKEY, 0, m->key, m->chunk, m->step, m->seq,
-                   "push for tensor %u chunk %u, which this shard does not hold", m->key,
-                   m->chunk);
+        gift__send_error(s, p, GIFT_ENOKEY, 0, m->key, m->chunk, m->step, m->seq,
+                         "push for tensor %u chunk %u, which this shard does not hold", m->key,
+                         m->chunk);
         return 0;
     }
     t = ch->t;
     /* The declared codecs, or those of the epoch's decision (policy_owner.h). */
     if (gift__pol_push_codecs(ch, m, &cp, &lp, &plen, &llen, why, sizeof why) < 0) {
-        send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq, "%s", why);
+        gift__send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq, "%s", why);
         return 0;
     }
     if (f->payload_len != plen) {
-        send_error(s, p, GIFT_ESHAPE, 0, m->key, m->chunk, m->step, m->seq,
-                   "push payload is %" PRIu64 " bytes; chunk %u of tensor %u needs %zu",
-                   f->payload_len, m->chunk, m->key, plen);
+        gift__send_error(s, p, GIFT_ESHAPE, 0, m->key, m->chunk, m->step, m->seq,
+                         "push payload is %" PRIu64 " bytes; chunk %u of tensor %u needs %zu",
+                         f->payload_len, m->chunk, m->key, plen);
         return 0;
     }
     /* A chunk's first accepted push fixes its base step; a refused one must
@@ -821,10 +820,10 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
     if (m->step < base) {
         dup = 1;
     } else if (m->step - base > 1) {
-        send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
-                   "push for step %" PRIu64 " while step %" PRIu64
-                   " is unfinished (window is %" PRIu64 "..%" PRIu64 ")",
-                   m->step, base, base, base + 1);
+        gift__send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
+                         "push for step %" PRIu64 " while step %" PRIu64
+                         " is unfinished (window is %" PRIu64 "..%" PRIu64 ")",
+                         m->step, base, base, base + 1);
         return 0;
     } else {
         sl = &ch->slot[m->step & 1];
@@ -843,22 +842,24 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
             else if (gift__admit_epoch_plausible(ch, m->step, m->epoch))
                 want = m->epoch;
             else {
-                send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
-                           "push encoded under epoch %u, which step %" PRIu64 " of tensor %u "
-                           "cannot use: epochs grow by at most one per step (at most %u here)",
-                           m->epoch, m->step, m->key, gift__admit_epoch_bound(ch, m->step));
+                gift__send_error(
+                    s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
+                    "push encoded under epoch %u, which step %" PRIu64 " of tensor %u "
+                    "cannot use: epochs grow by at most one per step (at most %u here)",
+                    m->epoch, m->step, m->key, gift__admit_epoch_bound(ch, m->step));
                 return 0;
             }
             if (m->epoch != want) {
-                send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
-                           "push encoded under epoch %u; step %" PRIu64 " of tensor %u uses "
-                           "epoch %u",
-                           m->epoch, m->step, m->key, want);
+                gift__send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
+                                 "push encoded under epoch %u; step %" PRIu64 " of tensor %u uses "
+                                 "epoch %u",
+                                 m->epoch, m->step, m->key, want);
                 return 0;
             }
             if (gift__pol_step_codecs(ch, sl, m->step, m->epoch, &cp, &lp, plen, llen, why, sizeof why) <
                 0) {
-                send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq, "%s", why);
+                gift__send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq, "%s",
+                                 why);
                 return 0;
             }
             if (s->o.aggregate == GIFT_SHARD_ORDERED)
@@ -875,8 +876,8 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                 s->c.pass_bytes[sl->count == 0 ? GIFT_SPASS_DECODE : GIFT_SPASS_ACCUMULATE] +=
                     4u * (uint64_t)ch->n;
             if (rc < 0) {
-                send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
-                           "push payload rejected: %s", gift_strerror(rc));
+                gift__send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
+                                 "push payload rejected: %s", gift_strerror(rc));
                 return 0;
             }
             if (!ch->started) {
@@ -903,7 +904,7 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
     ack.seq = m->seq;
     env.msg_case = GIFT__ENVELOPE__MSG_PUSH_ACK;
     env.push_ack = &ack;
-    (void)send_frame(s, p, &env, NULL, 0, 0);
+    (void)gift__send_frame(s, p, &env, NULL, 0, 0);
     if (!dup)
         finish_steps(s, ch);
     return 0;
@@ -915,16 +916,16 @@ static int handle_pull(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
     int rc;
 
     if (ch == NULL) {
-        send_error(s, p, GIFT_ENOKEY, 0, m->key, m->chunk, m->step, m->seq,
-                   "pull for tensor %u chunk %u, which this shard does not hold", m->key,
-                   m->chunk);
+        gift__send_error(s, p, GIFT_ENOKEY, 0, m->key, m->chunk, m->step, m->seq,
+                         "pull for tensor %u chunk %u, which this shard does not hold", m->key,
+                         m->chunk);
         return 0;
     }
     s->c.pulls++;
     if (!ch->started) {
-        send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
-                   "pull for step %" PRIu64 " of tensor %u chunk %u before any push", m->step,
-                   m->key, m->chunk);
+        gift__send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
+                         "pull for step %" PRIu64 " of tensor %u chunk %u before any push", m->step,
+                         m->key, m->chunk);
         return 0;
     }
     if (m->step < ch->base) {
@@ -936,18 +937,18 @@ static int handle_pull(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
             return 0;
         }
         if (r->valid && r->step == m->step) {
-            send_reply(s, p, ch, r, m->seq);
+            gift__send_reply(s, p, ch, r, m->seq);
             return 0;
         }
-        send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
-                   "pull for step %" PRIu64 ": only steps %" PRIu64 "..%" PRIu64 " are kept",
-                   m->step, ch->base >= 2 ? ch->base - 2 : 0, ch->base + 1);
+        gift__send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
+                         "pull for step %" PRIu64 ": only steps %" PRIu64 "..%" PRIu64 " are kept",
+                         m->step, ch->base >= 2 ? ch->base - 2 : 0, ch->base + 1);
         return 0;
     }
     if (m->step - ch->base > 1) {
-        send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
-                   "pull for step %" PRIu64 " while step %" PRIu64 " is unfinished", m->step,
-                   ch->base);
+        gift__send_error(s, p, GIFT_ESTEP, 0, m->key, m->chunk, m->step, m->seq,
+                         "pull for step %" PRIu64 " while step %" PRIu64 " is unfinished", m->step,
+                         ch->base);
         return 0;
     }
     if ((rc = gift__park(s, p, ch, m->step, m->seq, m->have_epoch)) < 0)
@@ -964,15 +965,15 @@ static tensor_t *find_owned(gift_shard_t *s, gift_peer_t *p, uint32_t key, uint6
 {
     tensor_t *t;
     if (!s->declared || key >= s->ntensors) {
-        send_error(s, p, GIFT_ENOKEY, 0, key, 0, step, seq, "unknown tensor %u", key);
+        gift__send_error(s, p, GIFT_ENOKEY, 0, key, 0, step, seq, "unknown tensor %u", key);
         return NULL;
     }
     t = &s->tensors[key];
     if (!t->geometry || !t->owner) {
-        send_error(s, p, GIFT_ENOKEY, 0, key, 0, step, seq,
-                   "tensor %u: %s", key,
-                   t->geometry ? "this shard is not its geometry owner (chunk 0 lives elsewhere)"
-                               : "geometry is off for this tensor");
+        gift__send_error(s, p, GIFT_ENOKEY, 0, key, 0, step, seq, "tensor %u: %s", key,
+                         t->geometry
+                             ? "this shard is not its geometry owner (chunk 0 lives elsewhere)"
+                             : "geometry is off for this tensor");
         return NULL;
     }
     return t;
@@ -1041,7 +1042,7 @@ static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
     ny = (size_t)t->cols * t->ks;
     rc = gift__owner_sketch_check(t, m, p->rank, f->payload, f->payload_len, why, sizeof why);
     if (rc < 0) {
-        send_error(s, p, rc, 0, m->key, 0, m->step, m->seq, "%s", why);
+        gift__send_error(s, p, rc, 0, m->key, 0, m->step, m->seq, "%s", why);
         return 0;
     }
     if (rc == GIFT__SKETCH_RESTART)
@@ -1053,8 +1054,8 @@ static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
     /* Durable before the SketchAck. */
     if (!dup && s->jr &&
         (rc = s->jr->sketch(s, t, m->step, p->rank, m->epoch, m->trace, f->payload, ny * 4)) < 0) {
-        send_error(s, p, rc, 0, m->key, 0, m->step, m->seq,
-                   "sketch not accepted: cannot write it to the step log in %s", s->dir);
+        gift__send_error(s, p, rc, 0, m->key, 0, m->step, m->seq,
+                         "sketch not accepted: cannot write it to the step log in %s", s->dir);
         return 0;
     }
     if (!dup) {
@@ -1070,7 +1071,7 @@ static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
     ack.seq = m->seq;
     env.msg_case = GIFT__ENVELOPE__MSG_SKETCH_ACK;
     env.sketch_ack = &ack;
-    (void)send_frame(s, p, &env, NULL, 0, 0);
+    (void)gift__send_frame(s, p, &env, NULL, 0, 0);
     if (!dup && t->sk_count == s->world && gift__shard_round_finish(s, t) > 0 && s->jr)
         s->jr->epoch(s, t);
     return 0;
@@ -1095,11 +1096,11 @@ static int handle_stats(gift_shard_t *s, gift_peer_t *p, const Gift__StatsReques
     gift_stats_msg_t sm;
 
     if (gift__stats_build(s, m->seq, &sm) < 0) {
-        send_error(s, p, GIFT_ENOMEM, 0, 0, 0, 0, m->seq, "out of memory for stats");
+        gift__send_error(s, p, GIFT_ENOMEM, 0, 0, 0, 0, m->seq, "out of memory for stats");
     } else {
         env.msg_case = GIFT__ENVELOPE__MSG_STATS;
         env.stats = &sm.st;
-        (void)send_frame(s, p, &env, NULL, 0, 0);
+        (void)gift__send_frame(s, p, &env, NULL, 0, 0);
     }
     gift__stats_release(&sm);
     return 0;
@@ -1126,7 +1127,7 @@ static int declare_claimed(gift_shard_t *s, gift_peer_t *p, const Gift__Declare 
 
 void gift_shard_reject(gift_shard_t *s, gift_peer_t *p, int code, const char *text)
 {
-    send_error(s, p, code, 1, 0, 0, 0, 0, "%s", text ? text : gift_strerror(code));
+    gift__send_error(s, p, code, 1, 0, 0, 0, 0, "%s", text ? text : gift_strerror(code));
 }
 
 int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
@@ -1139,8 +1140,9 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
     s->c.bytes_in += GIFT_PREAMBLE_BYTES + f->header_len + f->payload_len;
     if (env->msg_case != GIFT__ENVELOPE__MSG_PUSH && env->msg_case != GIFT__ENVELOPE__MSG_SKETCH &&
         f->payload_len != 0) {
-        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "%s carries a payload of %" PRIu64 " bytes",
-                   gift_msg_name(env), f->payload_len);
+        gift__send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0,
+                         "%s carries a payload of %" PRIu64 " bytes", gift_msg_name(env),
+                         f->payload_len);
         return GIFT_EPROTO;
     }
     if (env->msg_case == GIFT__ENVELOPE__MSG_HELLO) {
@@ -1149,19 +1151,19 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
          * length (a NUL in a string, or an encoding no protobuf-c client
          * writes) is refused rather than read as something it does not say. */
         if (gift__envelope__get_packed_size(env) != f->header_len) {
-            send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0,
-                       "Hello of %" PRIu64 " header bytes reads back as %zu: a string in it "
-                       "(run id, client name) holds a NUL byte, or it is not canonically "
-                       "encoded",
-                       (uint64_t)f->header_len, gift__envelope__get_packed_size(env));
+            gift__send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0,
+                             "Hello of %" PRIu64 " header bytes reads back as %zu: a string in it "
+                             "(run id, client name) holds a NUL byte, or it is not canonically "
+                             "encoded",
+                             (uint64_t)f->header_len, gift__envelope__get_packed_size(env));
             return GIFT_EPROTO;
         }
         return handle_hello(s, p, env->hello);
     }
     if (!p->hello) {
         int code = s->o.auth ? GIFT_EAUTH : GIFT_EPROTO;
-        send_error(s, p, code, 1, 0, 0, 0, 0, "%s before %s", gift_msg_name(env),
-                   s->o.auth ? "authentication" : "Hello");
+        gift__send_error(s, p, code, 1, 0, 0, 0, 0, "%s before %s", gift_msg_name(env),
+                         s->o.auth ? "authentication" : "Hello");
         return code;
     }
     /* Acting as a rank (not before the world size is known: a Declare
@@ -1177,8 +1179,8 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
     }
     if (env->msg_case != GIFT__ENVELOPE__MSG_DECLARE && env->msg_case != GIFT__ENVELOPE__MSG_RESET &&
         env->msg_case != GIFT__ENVELOPE__MSG_STATS_REQUEST && !s->declared) {
-        send_error(s, p, GIFT_ENOKEY, 0, 0, 0, 0, 0, "%s before any Declare on this shard",
-                   gift_msg_name(env));
+        gift__send_error(s, p, GIFT_ENOKEY, 0, 0, 0, 0, 0, "%s before any Declare on this shard",
+                         gift_msg_name(env));
         return 0;
     }
     switch (env->msg_case) {
@@ -1197,8 +1199,8 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
     case GIFT__ENVELOPE__MSG_RESET:
         return gift__reset(s, p, env->reset);
     default:
-        send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "a client may not send %s",
-                   gift_msg_name(env));
+        gift__send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "a client may not send %s",
+                         gift_msg_name(env));
         return GIFT_EPROTO;
     }
 }
@@ -1240,11 +1242,11 @@ void gift_shard_tick(gift_shard_t *s)
                     gift_peer_t *p = q->peer;
                     uint64_t seq = q->seq;
                     gift__parked_unlink(s, q);
-                    send_error(s, p, GIFT_ETIMEDOUT, 0, ch->t->key, ch->id, ch->base, seq,
-                               "step %" PRIu64 " of tensor %u chunk %u waited %.0f s for %u "
-                               "missing ranks (stall_timeout %u s)",
-                               ch->base, ch->t->key, ch->id, waited, s->world - sl->count,
-                               s->o.stall_timeout_s);
+                    gift__send_error(s, p, GIFT_ETIMEDOUT, 0, ch->t->key, ch->id, ch->base, seq,
+                                     "step %" PRIu64 " of tensor %u chunk %u waited %.0f s for %u "
+                                     "missing ranks (stall_timeout %u s)",
+                                     ch->base, ch->t->key, ch->id, waited, s->world - sl->count,
+                                     s->o.stall_timeout_s);
                 }
             }
         }
@@ -1277,7 +1279,7 @@ void gift_shard_flush(gift_shard_t *s)
                 gift_peer_t *p = q->peer;
                 uint64_t seq = q->seq;
                 gift__parked_unlink(s, q);
-                send_reply(s, p, ch, r, seq);
+                gift__send_reply(s, p, ch, r, seq);
             }
         }
     }

@@ -17,8 +17,8 @@
 #include "shard.h"
 #include "store.h"
 
-#define HEAD_MAX 4096 /* preamble + any header the shard sends, except Stats */
-#define RUN_ID_MAX 64 /* bytes of a run id (Hello.run_id), the terminator not counted */
+#define GIFT_HEAD_MAX 4096 /* preamble + any header the shard sends, except Stats */
+#define GIFT_RUN_ID_MAX 64 /* bytes of a run id (Hello.run_id), the terminator not counted */
 
 /* A pull waiting for its step, linked into its chunk's list and its peer's. */
 typedef struct parked {
@@ -43,7 +43,7 @@ struct gift_peer {
     uint32_t world;   /* the world size its Hello gave */
     uint32_t nparked; /* its entries in the parked pool */
     int claimed;      /* it holds s->by_rank[rank]: the rank's one live connection */
-    char run_id[RUN_ID_MAX + 1]; /* its Hello's run id ("" when none) */
+    char run_id[GIFT_RUN_ID_MAX + 1]; /* its Hello's run id ("" when none) */
 };
 
 struct gift_shard {
@@ -66,7 +66,7 @@ struct gift_shard {
     size_t decl_len;
     /* The run whose state this is: the run id of the first Declare's
      * sender, kept in decl; "" when none (no check). */
-    char run_id[RUN_ID_MAX + 1];
+    char run_id[GIFT_RUN_ID_MAX + 1];
     /* Persistence (checkpoint_steps > 0): the open step log of generation
      * gen, the step at which the next checkpoint is due, and whether a
      * restore is replaying the log (nothing is logged or answered then). */
@@ -94,7 +94,7 @@ struct gift_shard {
     uint64_t pol_round; /* the sketch step pol_out was chosen for, when pol_round_ok */
     int pol_round_ok;
     gift_shard_counters_t c;
-    uint8_t head[HEAD_MAX];
+    uint8_t head[GIFT_HEAD_MAX];
 };
 
 /* What the shard asks of its journal. Every call is made only while

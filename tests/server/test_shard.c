@@ -2292,7 +2292,7 @@ START_TEST(test_reset)
                       strstr(e->text, "nothing changed"), "seq %" PRIu64 ", text: %s", e->seq, e->text);
     /* A run id one byte past the bound: refused before it is compared or kept. */
     {
-        char longid[64 + 2]; /* the shard's bound is 64 bytes (RUN_ID_MAX) */
+        char longid[64 + 2]; /* the shard's bound is 64 bytes (GIFT_RUN_ID_MAX) */
         memset(longid, 'x', sizeof longid - 1);
         longid[sizeof longid - 1] = '\0';
         HELLO(&P[6], 0, W);
