@@ -11,6 +11,7 @@
 #include "gift_codec.h"
 #include "log.h"
 #include "send.h"
+#include "shard.h"
 
 /* The parked pulls one connection may hold: max_parked_per_peer, or by
  * default what one worker can need (steps base and base + 1 of every chunk

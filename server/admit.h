@@ -4,7 +4,7 @@
  * tensor, one connection's share of the parked pulls, how far ahead a
  * chunk's first push may be, which epochs a non-owner shard accepts, and
  * the run id and progress a Hello presents. Every figure computed from wire fields saturates instead of wrapping.
- * admit.c reads shard state (shard_internal.h) and answers through
+ * admit.c reads shard state (shard_state.h) and answers through
  * send.c; it calls nothing of shard.c.
  */
 #ifndef GIFT_ADMIT_H
@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#include "shard_internal.h"
+#include "shard_state.h"
 
 /* Saturating arithmetic for sizes computed from wire fields: a sum or
  * product that would wrap is UINT64_MAX, which no budget admits. */

@@ -7,7 +7,7 @@
 
 #include "aggregate.h"
 #include "gift_error.h"
-#include "shard.h"
+#include "shard_types.h"
 
 /* One walk of kind over ch's elements. */
 #define PASS(pass, kind, ch) ((pass)[(kind)] += 4u * (uint64_t)(ch)->n)

@@ -2,7 +2,7 @@
  * peers.c: the shard's peers (peers.h): opening and closing one, the pool
  * of parked pulls linked into their chunk's list and their peer's, and the
  * one live connection per rank. Reads and writes shard state
- * (shard_internal.h), answers through send.c; calls nothing of shard.c.
+ * (shard_state.h), answers through send.c; calls nothing of shard.c.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -12,6 +12,7 @@
 #include "log.h"
 #include "peers.h"
 #include "send.h"
+#include "shard.h"
 
 /* ------------------------------------------------------------------ */
 /* Peers and parked pulls                                                */

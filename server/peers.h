@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "shard_internal.h"
+#include "shard_state.h"
 
 /* Parks p's pull of ch for step (answered when the step finishes) in the
  * shared pool. Returns 0, or GIFT_EBUSY when the pool or p's share of it

@@ -13,7 +13,6 @@
 #include "gift_policy.h"
 #include "log.h"
 #include "policy_owner.h"
-#include "shard_internal.h"
 
 /* A large element count: payload sizes compare as bytes per element. */
 #define BPE_N ((size_t)1 << 20)

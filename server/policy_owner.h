@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "shard.h"
+#include "shard_state.h"
 #include "store.h"
 
 /* A wire format as gift_format_t, or GIFT_EFORMAT. */

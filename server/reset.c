@@ -4,14 +4,15 @@
  * and must also carry the administrator's MAC (gift_auth_reset_mac), which
  * a worker's rank key cannot make. Every field is checked before anything
  * changes; nothing is allocated from the message. Reads and writes shard
- * state (shard_internal.h), answers through send.c, reaches persistence
- * only through the journal table.
+ * state (shard_state.h), drops the store through declare.c, answers
+ * through send.c, reaches persistence only through the journal table.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "admit.h"
+#include "declare.h"
 #include "log.h"
 #include "peers.h"
 #include "reset.h"

@@ -5,7 +5,7 @@
 #ifndef GIFT_RESET_H
 #define GIFT_RESET_H
 
-#include "shard_internal.h"
+#include "shard_state.h"
 
 /* Answers p's Reset m: refused with a fatal Error (GIFT_EAUTH, GIFT_ERUNID,
  * GIFT_EBUSY, GIFT_EPROTO; nothing changed), or the shard drops its store,

@@ -10,7 +10,7 @@
 
 #include <stdarg.h>
 
-#include "shard_internal.h"
+#include "shard_state.h"
 
 /* Counts an error code sent or met (s->c.errors by -code, 0..31). */
 void gift__count_error(gift_shard_t *s, int code);

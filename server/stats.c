@@ -10,7 +10,7 @@
 #include "gift_policy.h"
 #include "owner.h"
 #include "policy_owner.h"
-#include "shard_internal.h"
+#include "shard.h"
 #include "stats.h"
 
 void gift_shard_policy(const gift_shard_t *s, gift_shard_policy_t *out)

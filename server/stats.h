@@ -5,7 +5,7 @@
 #ifndef GIFT_STATS_H
 #define GIFT_STATS_H
 
-#include "shard_internal.h"
+#include "shard_state.h"
 
 /* A Stats message and the arrays it points into. */
 typedef struct gift_stats_msg {

@@ -79,7 +79,7 @@ typedef struct chunk {
     uint64_t base;
     slot_t slot[2];        /* slot[step & 1] for steps base and base + 1 */
     reply_t reply[2];      /* reply[step & 1] for the last two finished steps */
-    struct parked *parked; /* pulls waiting for a step (shard_internal.h) */
+    struct parked *parked; /* pulls waiting for a step (shard_state.h) */
     int pending;           /* in s->pending: a finished step waits for the log's sync */
     /* Pull error feedback (the tensor's pull_ef): the residual of the last
      * finished step's mean encoding, in the coordinates of pres_epoch; n
