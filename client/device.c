@@ -159,32 +159,27 @@ static int dev_malloc(void **p, size_t bytes)
 
 static const gift__path_t dev_path; /* below, with the entry points */
 
-static int dev_declare(gift_client_t *c)
+/* The device of g serving device number dev, or NULL. */
+static gift__gdev_t *gdev_of(gift__gpu_t *g, int dev)
 {
-    gift__gpu_t *g;
-    int rc = 0;
-    size_t ndw = 0;
+    for (int k = 0; k < g->n; k++)
+        if (g->d[k].dev == dev)
+            return &g->d[k];
+    return NULL;
+}
 
-    for (size_t i = 0; i < c->nwires; i++)
-        ndw += c->wires[i].memory == GIFT_MEMORY_CUDA;
-    if (ndw == 0 || c->gpu != NULL)
-        return 0;
-    if ((g = calloc(1, sizeof *g)) == NULL || (g->d = calloc(ndw, sizeof *g->d)) == NULL) {
-        free(g);
-        return GIFT_ENOMEM;
-    }
-    c->gpu = g;
-    /* Devices, and the size of what their jobs share. */
+/* A context for every device that a device wire uses, and the size of what
+ * each device's jobs share (the largest wire's). 0 or a code (said). */
+static int gpu_devices(gift_client_t *c, gift__gpu_t *g)
+{
+    int rc;
     for (size_t i = 0; i < c->nwires; i++) {
         gift__wire_t *w = &c->wires[i];
-        gift__gdev_t *d = NULL;
+        gift__gdev_t *d;
         size_t push_area = 0, pull_area = 0;
         if (w->memory != GIFT_MEMORY_CUDA)
             continue;
-        for (int k = 0; k < g->n && d == NULL; k++)
-            if (g->d[k].dev == w->device)
-                d = &g->d[k];
-        if (d == NULL) {
+        if ((d = gdev_of(g, w->device)) == NULL) {
             d = &g->d[g->n++];
             d->dev = w->device;
             if ((rc = gift_gpu_ctx_create(d->dev, NULL, &d->ctx)) < 0) {
@@ -201,6 +196,13 @@ static int dev_declare(gift_client_t *c)
         d->pay_max = max_sz(d->pay_max, max_sz(push_area, pull_area));
         d->y_max = max_sz(d->y_max, w->geometry ? (size_t)w->cols * w->ks : 0);
     }
+    return 0;
+}
+
+/* Each device's shared scratch, as sized by gpu_devices. 0 or a code (said). */
+static int gpu_scratch(gift__gpu_t *g)
+{
+    int rc = 0;
     for (int k = 0; k < g->n; k++) {
         gift__gdev_t *d = &g->d[k];
         if (cuda_rc(cudaSetDevice(d->dev)) < 0 ||
@@ -213,64 +215,90 @@ static int dev_declare(gift_client_t *c)
             return rc;
         }
     }
-    /* Every device wire's own buffers. */
-    for (size_t i = 0; i < c->nwires; i++) {
-        gift__wire_t *w = &c->wires[i];
-        gift__dwire_t *dw;
-        gift__gdev_t *d = NULL;
-        size_t push_area = 0;
-        uint32_t nr = w->nchunks + 2;
-        if (w->memory != GIFT_MEMORY_CUDA)
-            continue;
-        for (int k = 0; k < g->n && d == NULL; k++)
-            if (g->d[k].dev == w->device)
-                d = &g->d[k];
-        if ((dw = calloc(1, sizeof *dw)) == NULL)
-            return GIFT_ENOMEM;
-        w->dw = dw;
-        w->path = &dev_path;
-        dw->d = d;
-        (void)cudaSetDevice(d->dev);
-        rc = GIFT_ENOMEM;
-        if ((dw->pull_off = calloc(w->nchunks, sizeof *dw->pull_off)) == NULL ||
-            (dw->rep = calloc(nr, sizeof *dw->rep)) == NULL ||
-            (dw->st_host = gift_gpu_host_alloc(nr * sizeof(int))) == NULL)
-            goto fail;
-        for (uint32_t j = 0; j < w->nchunks; j++) {
-            const gift__chunk_t *ch = gift__chunk_of(c, w, j);
-            push_area += ch->push_l.total;
-            dw->pull_off[j] = dw->pull_area;
-            dw->pull_area += ch->pull_l.total;
-        }
-        for (uint32_t j = 0; j < nr; j++)
-            dw->rep[j].c = c;
-        for (int s = 0; s < 2; s++) {
-            if ((w->ps[s].payload = gift_gpu_host_alloc(push_area)) == NULL ||
-                (dw->stage[s] = gift_gpu_host_alloc(dw->pull_area)) == NULL ||
-                (dw->staged[s] = calloc(w->nchunks, 1)) == NULL ||
-                (dw->dec[s] = calloc(w->nchunks, 1)) == NULL)
-                goto fail;
-            dw->pull[s].kind = JOB_PULL;
-            dw->pull[s].w = w;
-            dw->pull[s].slot = s;
-        }
-        dw->push.kind = JOB_PUSH;
-        dw->push.w = w;
-        if (w->ef_on) {
-            if ((rc = dev_malloc((void **)&dw->e_dev, w->n * sizeof(float))) < 0 ||
-                (rc = cuda_rc(cudaMemset(dw->e_dev, 0, w->n * sizeof(float)))) < 0)
-                goto fail;
-        }
-        if (w->geometry)
-            for (int s = 0; s < GIFT__GEO_SLOTS; s++)
-                if ((rc = gift_gpu_geometry_init(&dw->dgeo[s], (int)w->cols, (int)w->k,
-                                                 (int)w->ks)) < 0)
-                    goto fail;
-        continue;
-    fail:
-        say(d, w, "allocating its buffers", rc);
-        return rc;
+    return 0;
+}
+
+/* Device wire w's own buffers on its device (of g): the reports, pinned
+ * push payloads and pull staging, the jobs, the residual and the geometry
+ * slots; w->path becomes the device path. 0 or a code (said, but for the
+ * first allocation). */
+static int dwire_alloc(gift_client_t *c, gift__gpu_t *g, gift__wire_t *w)
+{
+    gift__dwire_t *dw;
+    gift__gdev_t *d = gdev_of(g, w->device);
+    size_t push_area = 0;
+    uint32_t nr = w->nchunks + 2;
+    int rc;
+
+    if ((dw = calloc(1, sizeof *dw)) == NULL)
+        return GIFT_ENOMEM;
+    w->dw = dw;
+    w->path = &dev_path;
+    dw->d = d;
+    (void)cudaSetDevice(d->dev);
+    rc = GIFT_ENOMEM;
+    if ((dw->pull_off = calloc(w->nchunks, sizeof *dw->pull_off)) == NULL ||
+        (dw->rep = calloc(nr, sizeof *dw->rep)) == NULL ||
+        (dw->st_host = gift_gpu_host_alloc(nr * sizeof(int))) == NULL)
+        goto fail;
+    for (uint32_t j = 0; j < w->nchunks; j++) {
+        const gift__chunk_t *ch = gift__chunk_of(c, w, j);
+        push_area += ch->push_l.total;
+        dw->pull_off[j] = dw->pull_area;
+        dw->pull_area += ch->pull_l.total;
     }
+    for (uint32_t j = 0; j < nr; j++)
+        dw->rep[j].c = c;
+    for (int s = 0; s < 2; s++) {
+        if ((w->ps[s].payload = gift_gpu_host_alloc(push_area)) == NULL ||
+            (dw->stage[s] = gift_gpu_host_alloc(dw->pull_area)) == NULL ||
+            (dw->staged[s] = calloc(w->nchunks, 1)) == NULL ||
+            (dw->dec[s] = calloc(w->nchunks, 1)) == NULL)
+            goto fail;
+        dw->pull[s].kind = JOB_PULL;
+        dw->pull[s].w = w;
+        dw->pull[s].slot = s;
+    }
+    dw->push.kind = JOB_PUSH;
+    dw->push.w = w;
+    if (w->ef_on) {
+        if ((rc = dev_malloc((void **)&dw->e_dev, w->n * sizeof(float))) < 0 ||
+            (rc = cuda_rc(cudaMemset(dw->e_dev, 0, w->n * sizeof(float)))) < 0)
+            goto fail;
+    }
+    if (w->geometry)
+        for (int s = 0; s < GIFT__GEO_SLOTS; s++)
+            if ((rc = gift_gpu_geometry_init(&dw->dgeo[s], (int)w->cols, (int)w->k,
+                                             (int)w->ks)) < 0)
+                goto fail;
+    return 0;
+fail:
+    say(d, w, "allocating its buffers", rc);
+    return rc;
+}
+
+/* gift__devices_t.declare: contexts, shared scratch, then every device
+ * wire's buffers (gpu_devices, gpu_scratch, dwire_alloc). */
+static int dev_declare(gift_client_t *c)
+{
+    gift__gpu_t *g;
+    int rc;
+    size_t ndw = 0;
+
+    for (size_t i = 0; i < c->nwires; i++)
+        ndw += c->wires[i].memory == GIFT_MEMORY_CUDA;
+    if (ndw == 0 || c->gpu != NULL)
+        return 0;
+    if ((g = calloc(1, sizeof *g)) == NULL || (g->d = calloc(ndw, sizeof *g->d)) == NULL) {
+        free(g);
+        return GIFT_ENOMEM;
+    }
+    c->gpu = g;
+    if ((rc = gpu_devices(c, g)) < 0 || (rc = gpu_scratch(g)) < 0)
+        return rc;
+    for (size_t i = 0; i < c->nwires; i++)
+        if (c->wires[i].memory == GIFT_MEMORY_CUDA && (rc = dwire_alloc(c, g, &c->wires[i])) < 0)
+            return rc;
     return 0;
 }
 
