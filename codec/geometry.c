@@ -425,49 +425,31 @@ int gift_geometry_update(gift_geometry_t *g, const float *Y, double trace, doubl
  * not positive definite even after the largest shift (Y is not a PSD sketch)
  * or LAPACK fails.
  */
-int gift_geometry_update_decay(gift_geometry_t *g, const float *Y, double trace, double damping,
-                               double decay)
-{
+/* One update's inputs, as the steps of gift_geometry_update_decay read
+ * them: g (its published U and lambda), the sketch Y, the workspace, and
+ * the average (avg: Y_t = take Y + keep U diag(lambda), else Y itself). */
+typedef struct {
+    const gift_geometry_t *g;
+    const float *Y;
     gift__geo_ws_t *ws;
-    size_t din, ks, k, i, j, dks;
-    double normy = 0.0, nu, numax, sumk = 0.0, sigma2, delta, keep = 0.0, take = 1.0;
-    lapack_int info = 1;
-    int rc = GIFT_EINVAL, avg;
+    size_t din, ks;
+    int avg;
+    double keep, take;
+} gift__geo_upd_t;
 
-    if (g == NULL || g->U == NULL || g->ws == NULL || Y == NULL)
-        goto out;
-    if (!isfinite(trace) || !isfinite(damping) || damping < 0.0)
-        goto out;
-    if (!(decay >= 0.0 && decay < 1.0))
-        goto out;
-    ws = g->ws;
-    din = (size_t)g->din;
-    ks = (size_t)g->ks;
-    k = (size_t)g->k;
-    dks = din * ks;
-
-    /* Average only onto an estimate; decay 0 keeps the plain path, bit for bit. */
-    avg = decay > 0.0 && !g->identity;
-    if (avg) {
-        keep = decay;
-        take = 1.0 - decay;
-        trace = keep * g->trace + take * trace;
-        if (!isfinite(trace))
-            goto out;
-    }
-
-    if (trace <= 0.0) {
-        gift__set_identity(g);
-        g->trace = trace;
-        g->epoch++;
-        rc = 0;
-        goto out;
-    }
+/* Step 1: Q = g's basis (column-major, din x ks); returns ||Y_t||^2. */
+static double upd_start(const gift__geo_upd_t *u)
+{
+    const gift_geometry_t *g = u->g;
+    const float *Y = u->Y;
+    gift__geo_ws_t *ws = u->ws;
+    size_t din = u->din, ks = u->ks, dks = din * ks, i, j;
+    double normy = 0.0, keep = u->keep, take = u->take;
 
     for (i = 0; i < din; i++)
         for (j = 0; j < ks; j++)
             ws->Q[j * din + i] = g->U[i * ks + j];
-    if (avg) {
+    if (u->avg) {
         /* ||Y_t||; Y_t itself is formed into B on every shift below. */
         for (i = 0; i < din; i++)
             for (j = 0; j < ks; j++) {
@@ -480,17 +462,26 @@ int gift_geometry_update_decay(gift_geometry_t *g, const float *Y, double trace,
         for (i = 0; i < dks; i++)
             normy += (double)Y[i] * Y[i];
     }
-    if (!isfinite(normy))
-        goto out;
-    normy = sqrt(normy);
+    return normy;
+}
 
-    /* C = chol(Q^T Y_nu), growing nu until Q^T Y_nu is positive definite.
-     * A zero Y (A orthogonal to Q) is handled by any positive shift. */
-    rc = GIFT_ELAPACK;
+/* Step 2: C = chol(Q^T Y_nu) into ws->M, B = Y_nu, growing nu (from a
+ * multiple of ||Y_t||, *nu on return) until Q^T Y_nu is positive definite.
+ * A zero Y (A orthogonal to Q) is handled by any positive shift. 0, or
+ * GIFT_ELAPACK when no shift up to the largest makes it so. */
+static int upd_cholesky(const gift__geo_upd_t *u, double normy, double *nu_out)
+{
+    const gift_geometry_t *g = u->g;
+    const float *Y = u->Y;
+    gift__geo_ws_t *ws = u->ws;
+    size_t din = u->din, ks = u->ks, i, j;
+    double nu, numax, keep = u->keep, take = u->take;
+    lapack_int info = 1;
+
     nu = normy > 0.0 ? GIFT__NU_REL * sqrt((double)din) * normy : 1.0;
     numax = fmax(GIFT__NU_MAX_REL * normy, nu);
     for (; nu <= numax; nu *= GIFT__NU_GROWTH) {
-        if (avg) {
+        if (u->avg) {
             for (i = 0; i < din; i++)
                 for (j = 0; j < ks; j++)
                     ws->B[j * din + i] = (take * (double)Y[i * ks + j] +
@@ -514,17 +505,27 @@ int gift_geometry_update_decay(gift_geometry_t *g, const float *Y, double trace,
         if (info == 0)
             break;
         if (info < 0)
-            goto out;
+            return GIFT_ELAPACK;
     }
     if (info != 0)
-        goto out;
+        return GIFT_ELAPACK;
+    *nu_out = nu;
+    return 0;
+}
+
+/* Step 3: B = Y_nu C^-1 = Q_b R; eig(R R^T) = W S W^T (S in ws->w,
+ * ascending); the new basis Q = Q_b W. 0 or GIFT_ELAPACK. */
+static int upd_basis(const gift__geo_upd_t *u)
+{
+    gift__geo_ws_t *ws = u->ws;
+    size_t din = u->din, ks = u->ks, i, j;
 
     /* B = Y_nu C^-1, then B = Q_b R. */
     cblas_dtrsm(CblasColMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, (int)din,
                 (int)ks, 1.0, ws->M, (int)ks, ws->B, (int)din);
     if (LAPACKE_dgeqrf_work(LAPACK_COL_MAJOR, (lapack_int)din, (lapack_int)ks, ws->B,
                             (lapack_int)din, ws->tau, ws->work, ws->lwork) != 0)
-        goto out;
+        return GIFT_ELAPACK;
     for (j = 0; j < ks; j++)
         for (i = 0; i < ks; i++)
             ws->R[j * ks + i] = i <= j ? ws->B[j * din + i] : 0.0;
@@ -533,13 +534,25 @@ int gift_geometry_update_decay(gift_geometry_t *g, const float *Y, double trace,
                 ws->M, (int)ks);
     if (LAPACKE_dorgqr_work(LAPACK_COL_MAJOR, (lapack_int)din, (lapack_int)ks, (lapack_int)ks,
                             ws->B, (lapack_int)din, ws->tau, ws->work, ws->lwork) != 0)
-        goto out;
+        return GIFT_ELAPACK;
     if (LAPACKE_dsyevd_work(LAPACK_COL_MAJOR, 'V', 'U', (lapack_int)ks, ws->M, (lapack_int)ks,
                             ws->w, ws->work, ws->lwork, ws->iwork, ws->liwork) != 0)
-        goto out;
+        return GIFT_ELAPACK;
     /* New basis Q = Q_b W (eigenvalues ascending: reversed when stored). */
     cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)din, (int)ks, (int)ks, 1.0, ws->B,
                 (int)din, ws->M, (int)ks, 0.0, ws->Q, (int)din);
+    return 0;
+}
+
+/* Step 4: lambda = max(0, S - nu), descending, rounded to float; sigma2
+ * and delta; checked, then g takes the new basis, lambda, scalars and
+ * epoch. 0, or GIFT_EINVAL (g unchanged). */
+static int upd_publish(gift_geometry_t *g, gift__geo_ws_t *ws, double nu, double trace,
+                       double damping)
+{
+    size_t din = (size_t)g->din, ks = (size_t)g->ks, k = (size_t)g->k, i, j;
+    double sumk = 0.0, sigma2, delta;
+    int rc;
 
     /* lambda, descending, into tau (free now). */
     for (j = 0; j < ks; j++) {
@@ -560,14 +573,13 @@ int gift_geometry_update_decay(gift_geometry_t *g, const float *Y, double trace,
     /* T is built from lambda rounded to float, the values that travel on the
      * wire, so that a worker loading the published epoch (gift_geometry_load)
      * gets bit for bit the same transform. Validate before g changes. */
-    rc = GIFT_EINVAL;
     for (j = 0; j < ks; j++) {
         if (ws->tau[j] > FLT_MAX)
-            goto out;
+            return GIFT_EINVAL;
         ws->tau[j] = (double)(float)ws->tau[j];
     }
     if ((rc = gift__scalars_check(ws->tau, NULL, k, sigma2, delta)) < 0)
-        goto out;
+        return rc;
 
     for (i = 0; i < din; i++)
         for (j = 0; j < ks; j++)
@@ -581,9 +593,55 @@ int gift_geometry_update_decay(gift_geometry_t *g, const float *Y, double trace,
     g->identity = 0;
     g->epoch++;
     gift__dense_set(g);
-    rc = 0;
-out:
-    return rc;
+    return 0;
+}
+
+int gift_geometry_update_decay(gift_geometry_t *g, const float *Y, double trace, double damping,
+                               double decay)
+{
+    gift__geo_upd_t u;
+    double normy, nu = 0.0;
+    int rc;
+
+    if (g == NULL || g->U == NULL || g->ws == NULL || Y == NULL)
+        return GIFT_EINVAL;
+    if (!isfinite(trace) || !isfinite(damping) || damping < 0.0)
+        return GIFT_EINVAL;
+    if (!(decay >= 0.0 && decay < 1.0))
+        return GIFT_EINVAL;
+    memset(&u, 0, sizeof u);
+    u.g = g;
+    u.Y = Y;
+    u.ws = g->ws;
+    u.din = (size_t)g->din;
+    u.ks = (size_t)g->ks;
+    u.keep = 0.0;
+    u.take = 1.0;
+
+    /* Average only onto an estimate; decay 0 keeps the plain path, bit for bit. */
+    u.avg = decay > 0.0 && !g->identity;
+    if (u.avg) {
+        u.keep = decay;
+        u.take = 1.0 - decay;
+        trace = u.keep * g->trace + u.take * trace;
+        if (!isfinite(trace))
+            return GIFT_EINVAL;
+    }
+
+    if (trace <= 0.0) {
+        gift__set_identity(g);
+        g->trace = trace;
+        g->epoch++;
+        return 0;
+    }
+
+    normy = upd_start(&u);
+    if (!isfinite(normy))
+        return GIFT_EINVAL;
+    normy = sqrt(normy);
+    if ((rc = upd_cholesky(&u, normy, &nu)) < 0 || (rc = upd_basis(&u)) < 0)
+        return rc;
+    return upd_publish(g, u.ws, nu, trace, damping);
 }
 
 /*
