@@ -12,6 +12,7 @@ PKGS=(
   python3-venv python3-pip python3-setuptools python3-wheel
   python3-jsonschema python3-yaml scdoc iproute2 systemd
   docker.io docker-compose debootstrap
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()
