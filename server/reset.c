@@ -62,6 +62,15 @@ static uint32_t close_workers(gift_shard_t *s, gift_peer_t *by, const char *run)
     return n;
 }
 
+/*
+ * Reset (gift.proto), the handler shard.c dispatches a Reset to.
+ * Reads: the Reset (run id, force, the administrator's MAC), p's claim and
+ * nonces, the shard's run id and the connections acting as ranks.
+ * Owns: after every check has passed, the whole store (dropped through
+ * declare.c), the parked pulls, the rank table and the adopted world size.
+ * May call: admit.c, peers.c (unpark), declare.c, the journal's reset hook,
+ * send.c (a fatal Error to every worker closed, the ResetAck to p).
+ */
 int gift__reset(gift_shard_t *s, gift_peer_t *p, const Gift__Reset *m)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;

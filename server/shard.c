@@ -1,9 +1,14 @@
 /*
- * shard.c: the shard store, sync aggregation and message dispatch of
- * shard.h. No sockets here: frames come in through gift_shard_handle and go
- * out through the io callbacks. The geometry owner's epochs live in
- * owner.c, persistence in persist.c, which the shard reaches only through
- * its journal table (shard_internal.h).
+ * shard.c: the shard's message dispatch and sync aggregation (shard.h). No
+ * sockets here: frames come in through gift_shard_handle and go out through
+ * the io callbacks. Each message has its handler below, with a contract
+ * saying what it reads, owns and may call. shard.c calls down into the
+ * helper rooms, which never call back: the store's build and free in
+ * declare.c, admission checks in admit.c, peers and parked pulls in
+ * peers.c, frames in send.c, the aggregation arithmetic in aggregate.c, the
+ * geometry owner's epochs in owner.c and its policy in policy_owner.c,
+ * Stats in stats.c, giftctl reset in reset.c. Persistence (persist.c) is
+ * reached only through the journal table (shard_state.h).
  */
 #include <float.h>
 #include <inttypes.h>
@@ -110,6 +115,16 @@ void gift_shard_free(gift_shard_t *s)
 /* Declaration                                                           */
 /* ------------------------------------------------------------------ */
 
+/*
+ * Declare (gift.proto): the tensor list and this shard's chunk placement.
+ * Reads: the Declare (its digest, tensors and chunks), p's run id and world
+ * size, and the store when one is declared already (digest, placement).
+ * Owns: the first Declare builds the store (declare.c) and, when none is
+ * configured, adopts p's world size; both are undone when the build or the
+ * journal's record fails. A later Declare must match and changes nothing.
+ * May call: admit.c (run id), declare.c, the journal's declare hook, send.c.
+ * Returns 0 (a refusal is an Error to p), or GIFT_ERUNID after a fatal one.
+ */
 static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d_in)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
@@ -190,63 +205,65 @@ static int handle_declare(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *
 /* Hello                                                                 */
 /* ------------------------------------------------------------------ */
 
-static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
+/* Authentication of p's Hello h (gift.proto): the first Hello is answered
+ * with an AuthChallenge; the second's MAC is verified before anything it
+ * says is read. On success ack carries the shard's MAC (written into mac)
+ * and p keeps the client nonce, for a Reset's MAC. Returns 0 when h may be
+ * read, 1 when the challenge was sent (nothing more to do), or a negative
+ * code after a fatal Error. */
+static int hello_auth(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h, Gift__HelloAck *ack,
+                      uint8_t mac[GIFT_AUTH_MAC_BYTES])
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
-    Gift__HelloAck ack = GIFT__HELLO_ACK__INIT;
-    uint8_t dg[8], mac[GIFT_AUTH_MAC_BYTES];
 
-    if (p->hello) {
-        gift__send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "second Hello on one connection");
-        return GIFT_EPROTO;
+    if (!p->challenged) {
+        Gift__AuthChallenge ch = GIFT__AUTH_CHALLENGE__INIT;
+        if (gift_auth_nonce(p->nonce) < 0) {
+            gift__send_error(s, p, GIFT_EIO, 1, 0, 0, 0, 0, "no random nonce (libsodium)");
+            return GIFT_EIO;
+        }
+        p->challenged = 1;
+        ch.server_nonce.data = p->nonce;
+        ch.server_nonce.len = sizeof p->nonce;
+        ch.version = GIFT_AUTH_VERSION;
+        env.msg_case = GIFT__ENVELOPE__MSG_AUTH_CHALLENGE;
+        env.auth_challenge = &ch;
+        (void)gift__send_frame(s, p, &env, NULL, 0, 0);
+        return 1;
     }
-    if (h->protocol_version != GIFT_PROTOCOL_VERSION) {
-        gift__send_error(s, p, GIFT_EVERSION, 1, 0, 0, 0, 0,
-                         "protocol version %u, this shard speaks %d", h->protocol_version,
-                         GIFT_PROTOCOL_VERSION);
-        return GIFT_EVERSION;
+    if (h->auth_mac.len == 0) {
+        gift__send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
+                         "this shard requires authentication and the Hello carries no MAC "
+                         "(is the client's auth key file, GIFT_AUTH_KEY_FILE, set?)");
+        return GIFT_EAUTH;
     }
-    if (s->o.auth != NULL) {
-        /* Authentication (gift.proto): challenge the first Hello, verify the
-         * second before looking at anything it says. */
-        if (!p->challenged) {
-            Gift__AuthChallenge ch = GIFT__AUTH_CHALLENGE__INIT;
-            if (gift_auth_nonce(p->nonce) < 0) {
-                gift__send_error(s, p, GIFT_EIO, 1, 0, 0, 0, 0, "no random nonce (libsodium)");
-                return GIFT_EIO;
-            }
-            p->challenged = 1;
-            ch.server_nonce.data = p->nonce;
-            ch.server_nonce.len = sizeof p->nonce;
-            ch.version = GIFT_AUTH_VERSION;
-            env.msg_case = GIFT__ENVELOPE__MSG_AUTH_CHALLENGE;
-            env.auth_challenge = &ch;
-            (void)gift__send_frame(s, p, &env, NULL, 0, 0);
-            return 0;
-        }
-        if (h->auth_mac.len == 0) {
-            gift__send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
-                             "this shard requires authentication and the Hello carries no MAC "
-                             "(is the client's auth key file, GIFT_AUTH_KEY_FILE, set?)");
-            return GIFT_EAUTH;
-        }
-        if (h->client_nonce.len != GIFT_AUTH_NONCE_BYTES) {
-            gift__send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0, "Hello carries a client nonce of %zu "
-                             "bytes; %d needed", h->client_nonce.len, GIFT_AUTH_NONCE_BYTES);
-            return GIFT_EAUTH;
-        }
-        gift_auth_hello_mac(s->o.auth, p->nonce, h, mac);
-        if (gift_auth_verify(h->auth_mac.data, h->auth_mac.len, mac) < 0) {
-            gift__send_error(
-                s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
-                "authentication failed: the Hello's MAC does not match this shard's key");
-            return GIFT_EAUTH;
-        }
-        gift_auth_ack_mac(s->o.auth, h->rank, p->nonce, h->client_nonce.data, h->auth_mac.data, mac);
-        ack.auth_mac.data = mac;
-        ack.auth_mac.len = sizeof mac;
-        memcpy(p->cnonce, h->client_nonce.data, sizeof p->cnonce); /* for a Reset's MAC */
+    if (h->client_nonce.len != GIFT_AUTH_NONCE_BYTES) {
+        gift__send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
+                         "Hello carries a client nonce of %zu bytes; %d needed",
+                         h->client_nonce.len, GIFT_AUTH_NONCE_BYTES);
+        return GIFT_EAUTH;
     }
+    gift_auth_hello_mac(s->o.auth, p->nonce, h, mac);
+    if (gift_auth_verify(h->auth_mac.data, h->auth_mac.len, mac) < 0) {
+        gift__send_error(s, p, GIFT_EAUTH, 1, 0, 0, 0, 0,
+                         "authentication failed: the Hello's MAC does not match this shard's key");
+        return GIFT_EAUTH;
+    }
+    gift_auth_ack_mac(s->o.auth, h->rank, p->nonce, h->client_nonce.data, h->auth_mac.data, mac);
+    ack->auth_mac.data = mac;
+    ack->auth_mac.len = GIFT_AUTH_MAC_BYTES;
+    memcpy(p->cnonce, h->client_nonce.data, sizeof p->cnonce); /* for a Reset's MAC */
+    return 0;
+}
+
+/* What p's Hello h says, checked against the shard: its world size and
+ * rank, its run id (kept in p->run_id, then admitted), the step it resumes
+ * from and the cluster digest. Returns 0, or the code of the fatal Error
+ * sent to p. */
+static int hello_check(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
+{
+    uint8_t dg[8];
+
     if (h->world_size == 0 || h->world_size > 65536) {
         gift__send_error(s, p, GIFT_EWORLD, 1, 0, 0, 0, 0, "world size %u out of range 1..65536",
                          h->world_size);
@@ -281,6 +298,40 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
             return GIFT_EDIGEST;
         }
     }
+    return 0;
+}
+
+/*
+ * Hello (gift.proto), the first message of every connection.
+ * Reads: the Hello, the shard's options (auth key, world size), its run id,
+ * digest and finished steps (through admit.c).
+ * Owns: nothing beyond p's identity, which it sets once: p->hello, rank,
+ * world, run_id, and with authentication p's nonces.
+ * May call: hello_auth, hello_check, admit.c's run id and resume checks,
+ * send.c. Changes no shard state: a Hello never fixes the world size.
+ * Returns 0, or the code of the fatal Error sent (the peer is closed).
+ */
+static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
+{
+    Gift__Envelope env = GIFT__ENVELOPE__INIT;
+    Gift__HelloAck ack = GIFT__HELLO_ACK__INIT;
+    uint8_t mac[GIFT_AUTH_MAC_BYTES];
+    int rc;
+
+    if (p->hello) {
+        gift__send_error(s, p, GIFT_EPROTO, 1, 0, 0, 0, 0, "second Hello on one connection");
+        return GIFT_EPROTO;
+    }
+    if (h->protocol_version != GIFT_PROTOCOL_VERSION) {
+        gift__send_error(s, p, GIFT_EVERSION, 1, 0, 0, 0, 0,
+                         "protocol version %u, this shard speaks %d", h->protocol_version,
+                         GIFT_PROTOCOL_VERSION);
+        return GIFT_EVERSION;
+    }
+    if (s->o.auth != NULL && (rc = hello_auth(s, p, h, &ack, mac)) != 0)
+        return rc < 0 ? rc : 0;
+    if ((rc = hello_check(s, p, h)) < 0)
+        return rc;
     /* A Hello never fixes the world size (a stray or hostile one would lock
      * every worker out): it is configured, or adopted from the sender of
      * the first Declare (handle_declare); until then any is accepted, and
@@ -485,18 +536,141 @@ static void window_move(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, uint64_t s
     }
 }
 
-static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, const gift_frame_t *f)
+/* The codecs a push claims (gift__pol_push_codecs) and their payloads' bytes. */
+typedef struct push_codecs {
+    gift_codec_params_t push, pull;
+    size_t push_len, pull_len;
+} push_codecs_t;
+
+/* The epoch of p's push m into slot sl of ch: one step never mixes epochs
+ * (the first accepted push fixes it), and the owner also knows which epoch
+ * the step must use. Returns 0, or GIFT_EEPOCH after the Error to p. */
+static int push_epoch(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const slot_t *sl,
+                      const Gift__Push *m)
+{
+    const tensor_t *t = ch->t;
+    uint32_t want;
+    if (!t->geometry)
+        want = 0;
+    else if (sl->epoch >= 0)
+        want = (uint32_t)sl->epoch;
+    else if (t->owner)
+        want = gift__owner_epoch_for_step(t, m->step);
+    else if (gift__admit_epoch_plausible(ch, m->step, m->epoch))
+        want = m->epoch;
+    else {
+        gift__send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
+                         "push encoded under epoch %u, which step %" PRIu64 " of tensor %u "
+                         "cannot use: epochs grow by at most one per step (at most %u here)",
+                         m->epoch, m->step, m->key, gift__admit_epoch_bound(ch, m->step));
+        return GIFT_EEPOCH;
+    }
+    if (m->epoch != want) {
+        gift__send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
+                         "push encoded under epoch %u; step %" PRIu64 " of tensor %u uses "
+                         "epoch %u",
+                         m->epoch, m->step, m->key, want);
+        return GIFT_EEPOCH;
+    }
+    return 0;
+}
+
+/* Sums the payload of rank's push m into slot sl of ch (base: the step the
+ * chunk finishes next). Returns 0, or the decode error (nothing was summed). */
+static int push_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint32_t rank, const Gift__Push *m,
+                    const gift_frame_t *f, uint64_t base)
+{
+    int rc;
+    if (s->o.aggregate == GIFT_SHARD_ORDERED)
+        return ordered_add(s, ch, sl, m->step, m->epoch, m->step == base, rank,
+                           f->payload, f->payload_len);
+    /* The first push of a step overwrites the accumulator instead of
+     * adding to a cleared one: v and 0 + v differ only for v = -0,
+     * and the +0 of the mean's scaling makes the bytes the same. */
+    if (sl->count == 0)
+        rc = gift_decode(&sl->push, f->payload, f->payload_len, ch->n, sl->acc);
+    else
+        rc = gift_decode_acc(&sl->push, f->payload, f->payload_len, ch->n, sl->acc);
+    s->c.pass_bytes[sl->count == 0 ? GIFT_SPASS_DECODE : GIFT_SPASS_ACCUMULATE] +=
+        4u * (uint64_t)ch->n;
+    return rc;
+}
+
+/* A new push m of p into slot sl of ch (step base or base + 1, p's rank not
+ * in the slot yet): its epoch and codecs checked, its payload summed; then
+ * p's rank, the slot's first-push time and epoch, the counters and, for the
+ * chunk's first push, the window's base are recorded. Returns 0, or a
+ * negative code after the Error to p (the push is not counted). */
+static int push_accept(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, slot_t *sl,
+                       const Gift__Push *m, const gift_frame_t *f, uint64_t base,
+                       const push_codecs_t *pc)
+{
+    char why[256];
+    int rc;
+
+    if ((rc = push_epoch(s, p, ch, sl, m)) < 0)
+        return rc;
+    if (gift__pol_step_codecs(ch, sl, m->step, m->epoch, &pc->push, &pc->pull, pc->push_len,
+                              pc->pull_len, why, sizeof why) < 0) {
+        gift__send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq, "%s", why);
+        return GIFT_ECODEC;
+    }
+    if ((rc = push_add(s, ch, sl, p->rank, m, f, base)) < 0) {
+        gift__send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
+                         "push payload rejected: %s", gift_strerror(rc));
+        return rc;
+    }
+    if (!ch->started) {
+        ch->started = 1;
+        ch->tentative = 1;
+        ch->base = base;
+    }
+    bit_set(sl->ranks, p->rank);
+    if (sl->count++ == 0)
+        sl->t_first = now_ns(s);
+    sl->epoch = m->epoch;
+    s->c.pushes++;
+    s->c.push_bytes_in[sl->push.fmt] += f->payload_len;
+    s->c.push_frames_in[sl->push.fmt]++;
+    ch->t->bytes_in += f->payload_len;
+    return 0;
+}
+
+/* Acknowledges p's push m; dup: a replay or repeat, acknowledged but not
+ * summed again. */
+static void push_ack(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, int dup)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__PushAck ack = GIFT__PUSH_ACK__INIT;
+    ack.key = m->key;
+    ack.chunk = m->chunk;
+    ack.step = m->step;
+    ack.duplicate = dup;
+    ack.seq = m->seq;
+    env.msg_case = GIFT__ENVELOPE__MSG_PUSH_ACK;
+    env.push_ack = &ack;
+    (void)gift__send_frame(s, p, &env, NULL, 0, 0);
+}
+
+/*
+ * Push (gift.proto): rank p->rank's encoded contribution to one chunk step.
+ * Reads: the Push and its payload, the chunk's window (base, slots) and the
+ * tensor's epochs and codecs (policy_owner.c, owner.c).
+ * Owns: the slot of the pushed step, which it fills (push_accept); the
+ * chunk's window, which the first push places and a member's earlier first
+ * push moves (window_move); the push counters.
+ * May call: admit.c (first step, epochs), policy_owner.c (codecs),
+ * aggregate.c (ordered sums), send.c, and finish_steps, which finishes
+ * every step that is now complete and answers its parked pulls.
+ * Returns 0: a refused push is answered with an Error, never fatal.
+ */
+static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, const gift_frame_t *f)
+{
     chunk_t *ch = find_chunk(s, m->key, m->chunk);
-    tensor_t *t;
-    slot_t *sl;
+    push_codecs_t pc;
     uint64_t base;
-    gift_codec_params_t cp, lp;
-    size_t plen, llen;
     char why[256];
-    int rc, dup = 0;
+    int dup = 0;
 
     if (ch == NULL) {
         gift__send_error(s, p, GIFT_ENOKEY, 0, m->key, m->chunk, m->step, m->seq,
@@ -504,22 +678,22 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                          m->chunk);
         return 0;
     }
-    t = ch->t;
     /* The declared codecs, or those of the epoch's decision (policy_owner.h). */
-    if (gift__pol_push_codecs(ch, m, &cp, &lp, &plen, &llen, why, sizeof why) < 0) {
+    if (gift__pol_push_codecs(ch, m, &pc.push, &pc.pull, &pc.push_len, &pc.pull_len, why,
+                              sizeof why) < 0) {
         gift__send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq, "%s", why);
         return 0;
     }
-    if (f->payload_len != plen) {
+    if (f->payload_len != pc.push_len) {
         gift__send_error(s, p, GIFT_ESHAPE, 0, m->key, m->chunk, m->step, m->seq,
                          "push payload is %" PRIu64 " bytes; chunk %u of tensor %u needs %zu",
-                         f->payload_len, m->chunk, m->key, plen);
+                         f->payload_len, m->chunk, m->key, pc.push_len);
         return 0;
     }
     /* A chunk's first accepted push fixes its base step; a refused one must
      * not, nor may one far past the shard's other chunks (a push for step
      * 10^12 would make every real push a duplicate). */
-    if (!ch->started && (rc = gift__admit_first_step(s, p, ch, m)) < 0)
+    if (!ch->started && gift__admit_first_step(s, p, ch, m) < 0)
         return 0;
     if (ch->started && ch->tentative && m->step < ch->base && !window_has_rank(s, ch, p->rank))
         window_move(s, p, ch, m->step);
@@ -533,90 +707,29 @@ static int handle_push(gift_shard_t *s, gift_peer_t *p, const Gift__Push *m, con
                          m->step, base, base, base + 1);
         return 0;
     } else {
-        sl = &ch->slot[m->step & 1];
-        if (bit_get(sl->ranks, p->rank)) {
+        slot_t *sl = &ch->slot[m->step & 1];
+        if (bit_get(sl->ranks, p->rank))
             dup = 1;
-        } else {
-            uint32_t want;
-            /* One step never mixes epochs: the first accepted push fixes it;
-             * the owner also knows which epoch the step must use. */
-            if (!t->geometry)
-                want = 0;
-            else if (sl->epoch >= 0)
-                want = (uint32_t)sl->epoch;
-            else if (t->owner)
-                want = gift__owner_epoch_for_step(t, m->step);
-            else if (gift__admit_epoch_plausible(ch, m->step, m->epoch))
-                want = m->epoch;
-            else {
-                gift__send_error(
-                    s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
-                    "push encoded under epoch %u, which step %" PRIu64 " of tensor %u "
-                    "cannot use: epochs grow by at most one per step (at most %u here)",
-                    m->epoch, m->step, m->key, gift__admit_epoch_bound(ch, m->step));
-                return 0;
-            }
-            if (m->epoch != want) {
-                gift__send_error(s, p, GIFT_EEPOCH, 0, m->key, m->chunk, m->step, m->seq,
-                                 "push encoded under epoch %u; step %" PRIu64 " of tensor %u uses "
-                                 "epoch %u",
-                                 m->epoch, m->step, m->key, want);
-                return 0;
-            }
-            if (gift__pol_step_codecs(ch, sl, m->step, m->epoch, &cp, &lp, plen, llen, why, sizeof why) <
-                0) {
-                gift__send_error(s, p, GIFT_ECODEC, 0, m->key, m->chunk, m->step, m->seq, "%s",
-                                 why);
-                return 0;
-            }
-            if (s->o.aggregate == GIFT_SHARD_ORDERED)
-                rc = ordered_add(s, ch, sl, m->step, m->epoch, m->step == base, p->rank,
-                                 f->payload, f->payload_len);
-            /* The first push of a step overwrites the accumulator instead of
-             * adding to a cleared one: v and 0 + v differ only for v = -0,
-             * and the +0 of the mean's scaling makes the bytes the same. */
-            else if (sl->count == 0)
-                rc = gift_decode(&sl->push, f->payload, f->payload_len, ch->n, sl->acc);
-            else
-                rc = gift_decode_acc(&sl->push, f->payload, f->payload_len, ch->n, sl->acc);
-            if (s->o.aggregate != GIFT_SHARD_ORDERED)
-                s->c.pass_bytes[sl->count == 0 ? GIFT_SPASS_DECODE : GIFT_SPASS_ACCUMULATE] +=
-                    4u * (uint64_t)ch->n;
-            if (rc < 0) {
-                gift__send_error(s, p, rc, 0, m->key, m->chunk, m->step, m->seq,
-                                 "push payload rejected: %s", gift_strerror(rc));
-                return 0;
-            }
-            if (!ch->started) {
-                ch->started = 1;
-                ch->tentative = 1;
-                ch->base = base;
-            }
-            bit_set(sl->ranks, p->rank);
-            if (sl->count++ == 0)
-                sl->t_first = now_ns(s);
-            sl->epoch = m->epoch;
-            s->c.pushes++;
-            s->c.push_bytes_in[sl->push.fmt] += f->payload_len;
-            s->c.push_frames_in[sl->push.fmt]++;
-            t->bytes_in += f->payload_len;
-        }
+        else if (push_accept(s, p, ch, sl, m, f, base, &pc) < 0)
+            return 0;
     }
     if (dup)
         s->c.duplicates++;
-    ack.key = m->key;
-    ack.chunk = m->chunk;
-    ack.step = m->step;
-    ack.duplicate = dup;
-    ack.seq = m->seq;
-    env.msg_case = GIFT__ENVELOPE__MSG_PUSH_ACK;
-    env.push_ack = &ack;
-    (void)gift__send_frame(s, p, &env, NULL, 0, 0);
+    push_ack(s, p, m, dup);
     if (!dup)
         finish_steps(s, ch);
     return 0;
 }
 
+/*
+ * Pull (gift.proto): the mean of one chunk step.
+ * Reads: the Pull, the chunk's window and its two kept replies.
+ * Owns: nothing of the store; a pull of an unfinished (or finished but not
+ * yet synced) step takes an entry of the parked pool (peers.c), answered
+ * by finish_steps, gift_shard_flush or gift_shard_tick.
+ * May call: peers.c (park), send.c (the reply or an Error).
+ * Returns 0: a refused pull is answered with an Error, never fatal.
+ */
 static int handle_pull(gift_shard_t *s, gift_peer_t *p, const Gift__Pull *m)
 {
     chunk_t *ch = find_chunk(s, m->key, m->chunk);
@@ -734,6 +847,16 @@ int gift__shard_round_finish(gift_shard_t *s, tensor_t *t)
     return rc;
 }
 
+/*
+ * Sketch (gift.proto): rank p->rank's sketch of a geometry tensor this
+ * shard owns, for the round of one refresh step.
+ * Reads: the Sketch and its payload, the tensor's owner state (owner.c).
+ * Owns: the tensor's sketch round, which it adds to (owner.c); the round's
+ * last sketch builds and publishes the next epoch (gift__shard_round_finish).
+ * May call: owner.c, policy_owner.c (through the round's finish), the
+ * journal's sketch and epoch hooks (durable before the SketchAck), send.c.
+ * Returns 0: a refused sketch is answered with an Error, never fatal.
+ */
 static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
                          const gift_frame_t *f)
 {
@@ -784,6 +907,9 @@ static int handle_sketch(gift_shard_t *s, gift_peer_t *p, const Gift__Sketch *m,
     return 0;
 }
 
+/* GeometryRequest (gift.proto): the newest epoch of a tensor this shard
+ * owns. Reads the owner's published payload; owns and changes nothing;
+ * calls send.c. Returns 0. */
 static int handle_geometry_request(gift_shard_t *s, gift_peer_t *p, const Gift__GeometryRequest *m)
 {
     tensor_t *t = find_owned(s, p, m->key, 0, m->seq);
@@ -796,7 +922,10 @@ static int handle_geometry_request(gift_shard_t *s, gift_peer_t *p, const Gift__
 /* Stats (stats.c builds the message)                                    */
 /* ------------------------------------------------------------------ */
 
-/* Answers a StatsRequest with the shard's counters and per-tensor status. */
+/* StatsRequest (gift.proto): answered with the shard's counters and
+ * per-tensor status, which stats.c reads into a message it owns until it is
+ * sent and released. Changes nothing of the shard; calls stats.c and
+ * send.c. Returns 0. */
 static int handle_stats(gift_shard_t *s, gift_peer_t *p, const Gift__StatsRequest *m)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
@@ -817,9 +946,10 @@ static int handle_stats(gift_shard_t *s, gift_peer_t *p, const Gift__StatsReques
 /* Dispatch                                                              */
 /* ------------------------------------------------------------------ */
 
-/* A Declare claimed p's rank (gift__claim_rank); a refused first Declare, which
- * fixed nothing, or one of another run, gives the claim back, so that a peer whose Declares fail
- * (or whose Hello named another world) does not keep a rank from its worker. */
+/* A Declare claimed p's rank (gift__claim_rank); a refused first Declare,
+ * which fixed nothing, or one of another run, gives the claim back, so that
+ * a peer whose Declares fail (or whose Hello named another world) does not
+ * keep a rank from its worker. */
 static int declare_claimed(gift_shard_t *s, gift_peer_t *p, const Gift__Declare *d)
 {
     int first = !s->declared;
