@@ -332,15 +332,15 @@ typedef struct gift__wire {
 /* The memory path of a wire: how its pushes are transformed and encoded and
  * its pulls decoded and transformed back, for the kind of memory its
  * buffers live in. The engine calls only these, never a device function of
- * its own choosing: the host path (engine.c) runs the CPU backend
+ * its own choosing: the host path (host.c) runs the CPU backend
  * (gift__backend_cpu(), codec/gift_kernels.h) on the I/O thread, the device
  * path (device.c) queues the same work as jobs on the wire's GPU through
- * gift__backend_cuda's entry points and reports back through the
- * gift__eng_* calls below. Set for every wire at declaration (CMD_DECLARE),
+ * gift__backend_cuda's entry points; both report back through c->eng
+ * (gift__eng_ops_t below). Set for every wire at declaration (CMD_DECLARE),
  * a device wire's by the device table's declare. */
 struct gift__path {
     /* Starts ps's push of src (step and slot set) under G (NULL: Euclidean)
-     * and epoch: gift__eng_push_begin, then encodes and queues its chunks.
+     * and epoch: c->eng->push_begin, then encodes and queues its chunks.
      * Returns 0, or a code when it could not start (nothing was sent: the
      * engine fails the push). */
     int (*push)(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
