@@ -382,6 +382,19 @@ chunk_t *gift__shard_find_chunk(gift_shard_t *s, uint32_t key, uint32_t id)
     return find_chunk(s, key, id);
 }
 
+/* Empties a step slot for the step after it: no ranks, no count, no epoch.
+ * The accumulator is not cleared: the step's first push overwrites it. */
+static void slot_clear(const gift_shard_t *s, slot_t *sl)
+{
+    memset(sl->ranks, 0, s->words * sizeof(uint64_t));
+    sl->count = 0;
+    sl->next = 0;
+    sl->fused = 0;
+    sl->epoch = -1;
+    sl->t_first = 0;
+    sl->warned = 0;
+}
+
 /* Finishes step ch->base (all world pushes summed): mean, encode into the
  * step's reply buffer, wake parked pulls, advance; repeats while the next
  * step is complete too. */
@@ -437,14 +450,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
             s->c.lat_bucket[b]++;
             s->c.lat_sum += lat;
         }
-        /* The accumulator is not cleared: the step's first push overwrites it. */
-        memset(sl->ranks, 0, s->words * sizeof(uint64_t));
-        sl->count = 0;
-        sl->next = 0;
-        sl->fused = 0;
-        sl->epoch = -1;
-        sl->t_first = 0;
-        sl->warned = 0;
+        slot_clear(s, sl);
         ch->base++;
         ch->tentative = 0;
         s->c.steps_finished++;
@@ -503,13 +509,7 @@ static void window_move(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, uint64_t s
         for (uint32_t r = 0; r < s->world && off + 12 < sizeof ranks; r++)
             if (bit_get(sl->ranks, r))
                 off += (size_t)snprintf(ranks + off, sizeof ranks - off, "%s%u", off ? "," : "", r);
-        memset(sl->ranks, 0, s->words * sizeof(uint64_t));
-        sl->count = 0;
-        sl->next = 0;
-        sl->fused = 0;
-        sl->epoch = -1;
-        sl->t_first = 0;
-        sl->warned = 0;
+        slot_clear(s, sl);
     }
     GIFT_LOG_WARN(p->id,
                   "tensor %u chunk %u: rank %u's first push is for step %" PRIu64
