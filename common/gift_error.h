@@ -22,8 +22,8 @@ enum gift_error {
     GIFT_ELAPACK = -6,    /* BLAS/LAPACK reported a failure (singular, no convergence) */
     GIFT_EFORMAT = -7,    /* unknown format or unsupported block size */
     /* Framing (proto/). */
-    GIFT_EBADMAGIC = -8,  /* a frame did not start with "GIF1" */
-    GIFT_EHDRSIZE = -9,   /* header_len is zero or above max_header_bytes */
+    GIFT_EBADMAGIC = -8,   /* a frame did not start with "GIF1" */
+    GIFT_EHDRSIZE = -9,    /* header_len is zero or above max_header_bytes */
     GIFT_EFRAMESIZE = -10, /* payload_len is above max_frame_bytes */
     GIFT_ETRUNCATED = -11, /* the stream ended inside a frame */
     GIFT_EBADHEADER = -12, /* the header is not a valid Envelope with one message */

@@ -228,8 +228,8 @@ int gift__admit_run_id(gift_shard_t *s, gift_peer_t *p, const char *run_id)
         "HOST:PORT --run-id %s`, its address), or restart giftd with --reset or with a "
         "fresh data directory",
         s->o.shard_id, s->run_id, run_id, s->run_id);
-    GIFT_LOG_WARN(p->id, "refused a worker of run '%s': this shard holds run '%s'",
-                  run_id, s->run_id);
+    GIFT_LOG_WARN(p->id, "refused a worker of run '%s': this shard holds run '%s'", run_id,
+                  s->run_id);
     return GIFT_ERUNID;
 }
 
@@ -256,7 +256,8 @@ int gift__admit_resume(gift_shard_t *s, gift_peer_t *p, uint64_t resume)
         "directory); the run cannot continue exactly. Restart the whole run, and run giftd "
         "with --checkpoint-steps N --data-dir DIR so that a restarted shard resumes",
         s->o.shard_id, resume - 1, held);
-    GIFT_LOG_ERROR(p->id, "refused a worker: it received the mean of step %" PRIu64
+    GIFT_LOG_ERROR(p->id,
+                   "refused a worker: it received the mean of step %" PRIu64
                    " from this shard, but %s (restarted without checkpoints?)",
                    resume - 1, held);
     /* The workers already back (none had pulled from it: it has finished no

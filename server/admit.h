@@ -3,9 +3,9 @@
  * the memory a Declare needs against max_memory, the shape of a geometry
  * tensor, one connection's share of the parked pulls, how far ahead a
  * chunk's first push may be, which epochs a non-owner shard accepts, and
- * the run id and progress a Hello presents. Every figure computed from wire fields saturates instead of wrapping.
- * admit.c reads shard state (shard_state.h) and answers through
- * send.c; it calls nothing of shard.c.
+ * the run id and progress a Hello presents. Every figure computed from wire fields saturates
+ * instead of wrapping. admit.c reads shard state (shard_state.h) and answers through send.c; it
+ * calls nothing of shard.c.
  */
 #ifndef GIFT_ADMIT_H
 #define GIFT_ADMIT_H

@@ -29,8 +29,7 @@ static void pres_for_epoch(chunk_t *ch, uint32_t epoch)
  * hits (hits: they read v from acc), or for an fp8 block the slices cannot
  * walk, the same arithmetic in passes over acc, which ends holding v. On an
  * encode error (an overflowed mean) the residual is dropped (zeroed). */
-static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv, int hits,
-                          uint64_t *pass)
+static int encode_mean_ef(chunk_t *ch, slot_t *sl, reply_t *r, float inv, int hits, uint64_t *pass)
 {
     float *acc = sl->acc, *e = ch->pres;
     int rc;
@@ -79,8 +78,7 @@ static int reply_writable(chunk_t *ch, reply_t *r)
  * layouts it cannot walk (GIFT_EFORMAT: the two-step path). Returns 0 or the
  * payload's error. */
 static int add_in_order(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uint64_t step,
-                        uint32_t epoch, int now, const uint8_t *payload, size_t len,
-                        uint64_t *pass)
+                        uint32_t epoch, int now, const uint8_t *payload, size_t len, uint64_t *pass)
 {
     const gift_codec_params_t *cp = &sl->push;
     if (now && sl->next + 1 == world && !hits) {
@@ -148,8 +146,7 @@ int gift__agg_ordered_add(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uin
     return 0;
 }
 
-int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits,
-                   uint64_t *pass)
+int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits, uint64_t *pass)
 {
     const float inv = 1.0f / (float)world;
 

@@ -36,7 +36,6 @@ int gift__agg_ordered_add(chunk_t *ch, slot_t *sl, uint32_t world, int hits, uin
  * hits the mean is left in acc for the boundary-hit count). A reply buffer
  * still held by writes of an older step is replaced first. Returns 0, or
  * GIFT_ENOMEM (no buffer) or the encode's error (an overflowed mean). */
-int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits,
-                   uint64_t *pass);
+int gift__agg_mean(chunk_t *ch, slot_t *sl, reply_t *r, uint32_t world, int hits, uint64_t *pass);
 
 #endif

@@ -73,7 +73,7 @@ static uint32_t crc_sw(uint32_t c, const uint8_t *p, size_t len)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("sse4.2"))) static uint32_t crc_sse42(uint32_t c, const uint8_t *p,
-                                                             size_t len)
+                                                            size_t len)
 {
     uint64_t c64 = c;
     while (len >= 8) {
@@ -387,11 +387,12 @@ int gift_ckpt_audit(const char *dir, int have, uint64_t gen, char *err, size_t e
             if (g <= top)
                 continue;
             if (have)
-                snprintf(why, sizeof why, "a step log newer than the checkpoint, of generation %" PRIu64,
-                         gen);
+                snprintf(why, sizeof why,
+                         "a step log newer than the checkpoint, of generation %" PRIu64, gen);
             else
-                snprintf(why, sizeof why, "a step log of generation %" PRIu64
-                         " without the checkpoint it extends", g);
+                snprintf(why, sizeof why,
+                         "a step log of generation %" PRIu64 " without the checkpoint it extends",
+                         g);
         } else {
             snprintf(why, sizeof why, "not a file giftd writes");
         }
@@ -532,8 +533,8 @@ int gift_ckpt_read(const char *dir, uint8_t **body, size_t *len, uint32_t *versi
         crc |= (uint32_t)b[n - 8 + i] << (8 * i);
     if (memcmp(b + n - 4, CKPT_TAIL_MAGIC, 4) != 0 || blen != n - 32) {
         snprintf(err, errlen,
-                 "%s is truncated or damaged: %zu bytes, the tail says %" PRIu64 " of body",
-                 path, n, blen);
+                 "%s is truncated or damaged: %zu bytes, the tail says %" PRIu64 " of body", path,
+                 n, blen);
         goto bad;
     }
     if (gift_crc32c(0, b, n - 16) != crc) {
@@ -563,8 +564,8 @@ int gift_log_open(gift_log_t *l, const char *dir, uint64_t gen, int truncate, ch
     l->base = 0;
     l->err_no = 0;
     snprintf(l->path, sizeof l->path, "%s/log-%" PRIu64, dir, gen);
-    l->fd = open(l->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0),
-                 0600);
+    l->fd =
+        open(l->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0600);
     if (l->fd < 0) {
         snprintf(err, errlen, "cannot open %s: %s", l->path, strerror(errno));
         return GIFT_EIO;
@@ -652,18 +653,17 @@ int gift_log_append(gift_log_t *l, uint32_t type, const void *const *parts, cons
         goto fail;
     l->bytes += total;
     return 0;
-fail:
-    {
-        int e = errno;
-        if (l->err_no == 0)
-            l->err_no = e;
-        /* Cut a partly written record off again, so that the log ends with
-         * its last whole record (shrinking needs no space). */
-        if (ftruncate(l->fd, (off_t)(l->base + l->bytes)) < 0)
-            GIFT_LOG_WARN(0, "cannot cut %s back to %" PRIu64 " bytes: %s", l->path,
-                          l->base + l->bytes, strerror(errno));
-        GIFT_LOG_ERROR(0, "cannot append to %s: %s", l->path, strerror(e));
-    }
+fail : {
+    int e = errno;
+    if (l->err_no == 0)
+        l->err_no = e;
+    /* Cut a partly written record off again, so that the log ends with
+     * its last whole record (shrinking needs no space). */
+    if (ftruncate(l->fd, (off_t)(l->base + l->bytes)) < 0)
+        GIFT_LOG_WARN(0, "cannot cut %s back to %" PRIu64 " bytes: %s", l->path, l->base + l->bytes,
+                      strerror(errno));
+    GIFT_LOG_ERROR(0, "cannot append to %s: %s", l->path, strerror(e));
+}
     return GIFT_EIO;
 }
 
@@ -693,7 +693,8 @@ void gift_log_remove_superseded(const char *dir, uint64_t gen)
             continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (unlink(path) == 0)
-            GIFT_LOG_DEBUG(0, "removed %s: the checkpoint of generation %" PRIu64 " holds its steps",
+            GIFT_LOG_DEBUG(0,
+                           "removed %s: the checkpoint of generation %" PRIu64 " holds its steps",
                            path, gen);
     }
     closedir(d);

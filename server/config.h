@@ -115,10 +115,10 @@ typedef struct gift_config {
     /* The file that was read ("" = none). */
     char config[GIFT_CONFIG_PATH_MAX];
     /* Actions requested on the command line; the caller acts on them. */
-    bool help;         /* --help / -h: print gift_config_usage() and exit 0 */
-    bool version;      /* --version: print the version and exit 0 */
-    bool check_config; /* --check-config: print gift_config_dump() and exit */
-    bool reset;        /* --reset: discard data_dir's checkpoint and step logs, then start */
+    bool help;          /* --help / -h: print gift_config_usage() and exit 0 */
+    bool version;       /* --version: print the version and exit 0 */
+    bool check_config;  /* --check-config: print gift_config_dump() and exit */
+    bool reset;         /* --reset: discard data_dir's checkpoint and step logs, then start */
     bool discard_state; /* --discard-state: move data_dir's state aside, then start */
     /* Where each option's value came from, indexed like the option table. */
     gift_config_origin_t origin[GIFT_CONFIG_MAX_OPTIONS];
@@ -143,7 +143,8 @@ enum gift_config_type {
 
 /* Option flags. */
 #define GIFT_CONFIG_NONEMPTY 1u /* a string that may not be empty */
-#define GIFT_CONFIG_REQUIRED 2u /* must be set (file, env or flag); its default is only a placeholder */
+#define GIFT_CONFIG_REQUIRED                                                                       \
+    2u /* must be set (file, env or flag); its default is only a placeholder */
 
 /* One entry of the option table. The flag is "--" + name with '_' -> '-';
  * the environment variable is "GIFTD_" + upper-case name. */

@@ -177,8 +177,8 @@ static int chunk_read(gift_shard_t *s, chunk_t *ch, const Gift__ChunkDecl *cd, c
     ch->rows = cd->rows;
     ch->n = (size_t)cd->rows * t->cols;
     if (gift_layout(&t->push, ch->n, &ch->push_l) < 0 ||
-        gift_layout(&t->pull, ch->n, &ch->pull_l) < 0 ||
-        ch->push_l.total > s->o.max_frame_bytes || ch->pull_l.total > s->o.max_frame_bytes) {
+        gift_layout(&t->pull, ch->n, &ch->pull_l) < 0 || ch->push_l.total > s->o.max_frame_bytes ||
+        ch->pull_l.total > s->o.max_frame_bytes) {
         snprintf(why, whylen, "chunk %u of tensor %u: payload above max_frame_bytes (%" PRIu64 ")",
                  cd->chunk, cd->key, s->o.max_frame_bytes);
         return GIFT_ESHAPE;
@@ -227,8 +227,8 @@ static int buffers_alloc(gift_shard_t *s)
                 (ch->slot[j].ranks = calloc(s->words, sizeof(uint64_t))) == NULL ||
                 (ch->reply[j].buf = gift_rbuf_new(ch->pull_l.total)) == NULL)
                 return GIFT_ENOMEM;
-            if (ordered && posix_memalign((void **)&ch->slot[j].pay, 64,
-                                          ch->pay_stride * s->world) != 0) {
+            if (ordered &&
+                posix_memalign((void **)&ch->slot[j].pay, 64, ch->pay_stride * s->world) != 0) {
                 ch->slot[j].pay = NULL;
                 return GIFT_ENOMEM;
             }
@@ -259,8 +259,8 @@ static int owners_init(gift_shard_t *s, char *why, size_t whylen)
             continue;
         /* Thin: the owner never applies T to what it serves (admit.c's
          * geometry_need counts no dense form). */
-        if ((rc = gift_geometry_init_thin(&t->geo, (int)t->cols, (int)t->k, (int)t->ks,
-                                          t->seed)) < 0) {
+        if ((rc = gift_geometry_init_thin(&t->geo, (int)t->cols, (int)t->k, (int)t->ks, t->seed)) <
+            0) {
             snprintf(why, whylen, "tensor %u: geometry init failed (%s)", t->key,
                      gift_strerror(rc));
             return rc;
@@ -268,9 +268,9 @@ static int owners_init(gift_shard_t *s, char *why, size_t whylen)
         t->geo_ok = 1;
         if ((t->ysum = calloc((size_t)t->cols * t->ks, sizeof(float))) == NULL ||
             (t->sk_ranks = calloc(s->words, sizeof(uint64_t))) == NULL ||
-            (ordered && ((t->yr = calloc((size_t)t->cols * t->ks * s->world, sizeof(float))) ==
-                             NULL ||
-                         (t->tr = calloc(s->world, sizeof(double))) == NULL)) ||
+            (ordered &&
+             ((t->yr = calloc((size_t)t->cols * t->ks * s->world, sizeof(float))) == NULL ||
+              (t->tr = calloc(s->world, sizeof(double))) == NULL)) ||
             gift__owner_publish(t, 0) < 0)
             return GIFT_ENOMEM;
     }

@@ -50,8 +50,10 @@ static int load_key(const gift_config_t *c, gift_auth_key_t *key)
         return 2;
     }
     if (key->rank_bound) {
-        GIFT_LOG_ERROR(0, "auth key file %s holds rank %u's key; a shard needs the shared "
-                       "secret it was derived from", c->auth_key_file, key->rank);
+        GIFT_LOG_ERROR(0,
+                       "auth key file %s holds rank %u's key; a shard needs the shared "
+                       "secret it was derived from",
+                       c->auth_key_file, key->rank);
         return 2;
     }
     if (warn[0])
@@ -95,11 +97,12 @@ static int prepare_data_dir(const gift_config_t *c)
             return 1;
         }
         if (rc > 0)
-            GIFT_LOG_INFO(0, "%s: moved the state of %s (%d entries) into %s; this shard "
-                          "starts empty", flag, c->data_dir, rc, where);
+            GIFT_LOG_INFO(0,
+                          "%s: moved the state of %s (%d entries) into %s; this shard "
+                          "starts empty",
+                          flag, c->data_dir, rc, where);
         else
-            GIFT_LOG_INFO(0, "%s: %s holds no state; this shard starts empty", flag,
-                          c->data_dir);
+            GIFT_LOG_INFO(0, "%s: %s holds no state; this shard starts empty", flag, c->data_dir);
     }
     /* Starting never deletes what giftd cannot account for: it refuses. */
     if (gift_shard_datadir_check(c->data_dir, big, sizeof big) < 0) {
@@ -110,8 +113,7 @@ static int prepare_data_dir(const gift_config_t *c)
 }
 
 /* The server's options from the configuration. */
-static void server_opts(const gift_config_t *c, const gift_auth_key_t *key,
-                        gift_server_opts_t *o)
+static void server_opts(const gift_config_t *c, const gift_auth_key_t *key, gift_server_opts_t *o)
 {
     memset(o, 0, sizeof *o);
     o->bind = c->bind;

@@ -134,9 +134,9 @@ static int render_traffic(const gift_shard_counters_t *c, gift_str_t *out)
 }
 
 static const char *const spass_names[GIFT_SPASS_KINDS] = {
-    [GIFT_SPASS_DECODE] = "decode", [GIFT_SPASS_ACCUMULATE] = "accumulate",
-    [GIFT_SPASS_FUSED] = "fused",   [GIFT_SPASS_ENCODE] = "encode",
-    [GIFT_SPASS_COPY] = "copy",     [GIFT_SPASS_CHECK] = "check",
+    [GIFT_SPASS_DECODE] = "decode",     [GIFT_SPASS_ACCUMULATE] = "accumulate",
+    [GIFT_SPASS_FUSED] = "fused",       [GIFT_SPASS_ENCODE] = "encode",
+    [GIFT_SPASS_COPY] = "copy",         [GIFT_SPASS_CHECK] = "check",
     [GIFT_SPASS_RESIDUAL] = "residual", [GIFT_SPASS_SCALE] = "scale",
 };
 
@@ -225,8 +225,8 @@ enum { OWNER_RANK, OWNER_PRED_RATIO, OWNER_BITS };
 
 /* One gauge per tensor whose geometry this shard owns: a number of the
  * newest epoch's decision. */
-static int owner_gauge(const gift_shard_t *s, gift_str_t *out, const char *metric,
-                       const char *help, int which)
+static int owner_gauge(const gift_shard_t *s, gift_str_t *out, const char *metric, const char *help,
+                       int which)
 {
     int rc;
 
@@ -498,8 +498,8 @@ static int gift_http_respond_get(const char *path, const gift_shard_t *s,
             gift_str_free(&body);
             return respond(out, 500, "Internal Server Error", "text/plain", "no memory\n", 10);
         }
-        status = respond(out, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body.p,
-                         body.len);
+        status =
+            respond(out, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body.p, body.len);
         gift_str_free(&body);
         return status;
     }

@@ -94,7 +94,7 @@ typedef struct http_conn {
     gift_str_t resp;
     int closing;
     int answered; /* the request is complete; the answer is being written */
-    int handles; /* open handles among tcp and timer */
+    int handles;  /* open handles among tcp and timer */
     struct http_conn *next, *prev;
 } http_conn_t;
 
@@ -240,8 +240,7 @@ static void on_write(uv_write_t *req, int status)
             conn_close(c);
         return;
     }
-    if (!c->reading && !c->srv->draining &&
-        queued_bytes(c) <= queue_limit(c) / 2)
+    if (!c->reading && !c->srv->draining && queued_bytes(c) <= queue_limit(c) / 2)
         start_reading(c);
 }
 
@@ -264,7 +263,7 @@ static int io_send(void *ctx, const uint8_t *head, size_t head_len, gift_rbuf_t 
     c->srv->held_out += head_len + (buf ? len : 0);
     if (queued_bytes(c) > queue_limit(c) && c->reading) {
         GIFT_LOG_DEBUG(c->id, "write queue at %llu bytes: pausing reads",
-                 (unsigned long long)queued_bytes(c));
+                       (unsigned long long)queued_bytes(c));
         stop_reading(c);
     }
     conn_flush(c);
@@ -353,9 +352,9 @@ static int conn_account(conn_t *c)
     gift_server_t *s = c->srv;
     size_t buffered = gift_reader_buffered(c->reader), missing = gift_reader_missing(c->reader);
     uint64_t total = (uint64_t)buffered + missing;
-    uint64_t head_max = GIFT_PREAMBLE_BYTES + (uint64_t)(s->limits.max_header_bytes
-                                                             ? s->limits.max_header_bytes
-                                                             : GIFT_MAX_HEADER_DEFAULT);
+    uint64_t head_max =
+        GIFT_PREAMBLE_BYTES + (uint64_t)(s->limits.max_header_bytes ? s->limits.max_header_bytes
+                                                                    : GIFT_MAX_HEADER_DEFAULT);
 
     if (buffered == 0)
         c->t_frame = 0;
@@ -401,7 +400,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
             GIFT_LOG_INFO(c->id, "read error: %s", uv_strerror((int)n));
         else if ((rc = gift_reader_eof(c->reader)) < 0)
             GIFT_LOG_INFO(c->id, "peer closed inside a frame (%zu bytes buffered)",
-                     gift_reader_buffered(c->reader));
+                          gift_reader_buffered(c->reader));
         conn_close(c);
         return;
     }
@@ -444,7 +443,8 @@ static int make_room(gift_server_t *s, conn_t *c)
             oldest = x;
     if (oldest == NULL)
         return -1;
-    snprintf(text, sizeof text, "closed to make room for a new connection (max_connections %u; "
+    snprintf(text, sizeof text,
+             "closed to make room for a new connection (max_connections %u; "
              "connections that are not a rank's are closed oldest first)",
              s->o.max_connections);
     gift_shard_reject(s->shard, oldest->peer, GIFT_EBUSY, text);
@@ -497,8 +497,10 @@ static void on_connection(uv_stream_t *l, int status)
     }
     if (s->nconns > s->o.max_connections && make_room(s, c) < 0) {
         char text[160];
-        snprintf(text, sizeof text, "too many connections (max_connections %u, each a rank's "
-                 "or still closing)", s->o.max_connections);
+        snprintf(text, sizeof text,
+                 "too many connections (max_connections %u, each a rank's "
+                 "or still closing)",
+                 s->o.max_connections);
         gift_shard_reject(s->shard, c->peer, GIFT_EBUSY, text);
         return;
     }
@@ -767,7 +769,8 @@ static void shed_largest(gift_server_t *s)
             big = c;
     if (big == NULL || queued_bytes(big) == 0)
         return;
-    snprintf(text, sizeof text, "the shard holds %llu bytes of partial frames and unsent replies "
+    snprintf(text, sizeof text,
+             "the shard holds %llu bytes of partial frames and unsent replies "
              "(max_buffer_bytes %llu); this connection's %llu are the most",
              (unsigned long long)(s->held_in + s->held_out),
              (unsigned long long)s->o.max_buffer_bytes, (unsigned long long)queued_bytes(big));
@@ -787,15 +790,17 @@ static void conn_check_time(gift_server_t *s, conn_t *c, uint64_t now)
                  s->o.handshake_timeout_s);
     } else if (c->t_frame != 0 && c->reading &&
                now - c->t_frame >= (uint64_t)s->o.read_timeout_s * 1000) {
-        snprintf(text, sizeof text, "a frame begun %llu s ago is still incomplete "
+        snprintf(text, sizeof text,
+                 "a frame begun %llu s ago is still incomplete "
                  "(read_timeout %u s; %zu bytes of it arrived)",
                  (unsigned long long)((now - c->t_frame) / 1000), s->o.read_timeout_s,
                  gift_reader_buffered(c->reader));
     } else if (!gift_shard_peer_claimed(c->peer) && queued_bytes(c) == 0 &&
                now - c->t_read >= (uint64_t)s->o.idle_timeout_s * 1000) {
-        snprintf(text, sizeof text, "idle for %llu s and not a rank's connection "
-                 "(idle_timeout %u s)", (unsigned long long)((now - c->t_read) / 1000),
-                 s->o.idle_timeout_s);
+        snprintf(text, sizeof text,
+                 "idle for %llu s and not a rank's connection "
+                 "(idle_timeout %u s)",
+                 (unsigned long long)((now - c->t_read) / 1000), s->o.idle_timeout_s);
     } else {
         return;
     }
@@ -830,14 +835,16 @@ static void on_signal(uv_signal_t *h, int signum)
         return;
     }
     GIFT_LOG_INFO(0, "%s: finishing in-flight replies, then exiting (again to exit now)",
-             signum == SIGTERM ? "SIGTERM" : "SIGINT");
+                  signum == SIGTERM ? "SIGTERM" : "SIGINT");
     {
         /* Nothing is read from here on, so this is the final state. */
         char err[512];
         gift_shard_flush(s->shard);
         if (gift_shard_checkpoint(s->shard, err, sizeof err) < 0)
-            GIFT_LOG_ERROR(0, "checkpoint at exit failed: %s (the step log still holds every "
-                              "finished step)", err);
+            GIFT_LOG_ERROR(0,
+                           "checkpoint at exit failed: %s (the step log still holds every "
+                           "finished step)",
+                           err);
     }
     /* The signal handles close in drain(): a second signal reaches these. */
     signal(SIGTERM, exit_now);
@@ -866,7 +873,7 @@ static int listen_on(gift_server_t *s, uv_tcp_t *h, int port, uv_connection_cb c
     }
     if (uv_tcp_getsockname(h, (struct sockaddr *)&got, &len) == 0)
         *bound = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
-                                                  : ((struct sockaddr_in *)&got)->sin_port);
+                                                 : ((struct sockaddr_in *)&got)->sin_port);
     return 0;
 }
 
@@ -922,8 +929,10 @@ int gift_server_new(const gift_server_opts_t *o, gift_server_t **out, char *err,
     if ((rc = gift_shard_restore(s->shard, err, errlen)) < 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", err);
-        snprintf(err, errlen, "cannot restore the shard's state: %s (refusing to start; move "
-                              "data_dir aside to start empty)", why);
+        snprintf(err, errlen,
+                 "cannot restore the shard's state: %s (refusing to start; move "
+                 "data_dir aside to start empty)",
+                 why);
         goto fail_shard;
     }
     if ((rc = listen_on(s, &s->listener, o->port, on_connection, &s->port, err, errlen)) < 0)

@@ -122,8 +122,8 @@ static int get_round(gift_ckpt_cur_t *c, gift_shard_t *s, int apply, char *why, 
     }
     if (ok > 1 || (n != 0 && n != want) || (ok && n == 0)) {
         snprintf(why, whylen,
-                 "the saved policy round has %u choices (ok %u); this shard's chooser makes %zu",
-                 n, ok, want);
+                 "the saved policy round has %u choices (ok %u); this shard's chooser makes %zu", n,
+                 ok, want);
         return GIFT_EIO;
     }
     for (size_t i = 0; i < s->ntensors && j < n; i++) {
@@ -673,8 +673,8 @@ static int load_owned(gift_shard_t *s, gift_ckpt_cur_t *c, tensor_t *t, uint32_t
     if (c->err || ul != ny * 4 || ll != (size_t)t->ks * 4)
         return SHORT_BODY;
     if ((rc = gift__owner_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) < 0) {
-        snprintf(err, errlen, "tensor %u: the saved geometry of epoch %u is invalid (%s)",
-                 t->key, epoch, gift_strerror(rc));
+        snprintf(err, errlen, "tensor %u: the saved geometry of epoch %u is invalid (%s)", t->key,
+                 epoch, gift_strerror(rc));
         return GIFT_EIO;
     }
     t->sk_active = gift_ckpt_get_u32(c) != 0;
@@ -800,8 +800,8 @@ static int replay_declare(replay_ctx_t *x, gift_ckpt_cur_t *c)
     size_t len = c->len;
     uint32_t world = gift_ckpt_get_u32(c);
     if (c->err || world == 0 || world > 65536 || (s->world != 0 && world != s->world)) {
-        snprintf(x->err, x->errlen, "the step log declares world size %u; this shard has %u",
-                 world, s->world);
+        snprintf(x->err, x->errlen, "the step log declares world size %u; this shard has %u", world,
+                 s->world);
         return GIFT_EIO;
     }
     if (s->declared) {
@@ -901,8 +901,7 @@ misfit:
 
 /* An accepted sketch of an owned tensor t (ny = cols x ks floats): joins
  * its round again unless the round is done or holds it already. */
-static int replay_sketch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint64_t step,
-                         size_t ny)
+static int replay_sketch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint64_t step, size_t ny)
 {
     gift_shard_t *s = x->s;
     uint32_t rank = gift_ckpt_get_u32(c);
@@ -916,8 +915,7 @@ static int replay_sketch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint6
         return GIFT_EIO;
     }
     if ((t->sk_done && step <= t->sk_done_step) ||
-        (t->sk_active &&
-         (step < t->sk_step || (step == t->sk_step && bit_get(t->sk_ranks, rank)))))
+        (t->sk_active && (step < t->sk_step || (step == t->sk_step && bit_get(t->sk_ranks, rank)))))
         return 0;
     if (!t->sk_active || step != t->sk_step)
         gift__owner_sketch_begin(t, s->words, step);
@@ -928,8 +926,8 @@ static int replay_sketch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint6
 
 /* A published epoch of an owned tensor t: restored and published again
  * (newer than the one held only), its round of step done. */
-static int replay_epoch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint64_t step,
-                        size_t ny, int v2)
+static int replay_epoch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint64_t step, size_t ny,
+                        int v2)
 {
     uint32_t epoch = gift_ckpt_get_u32(c);
     uint64_t valid_from = gift_ckpt_get_u64(c);
@@ -959,8 +957,8 @@ static int replay_epoch(replay_ctx_t *x, gift_ckpt_cur_t *c, tensor_t *t, uint64
     if (epoch <= t->geo.epoch)
         return 0;
     if ((rc = gift__owner_restore(t, epoch, (int)identity, trace, sigma2, delta, U, L)) < 0) {
-        snprintf(x->err, x->errlen, "tensor %u: the logged epoch %u is invalid (%s)", t->key,
-                 epoch, gift_strerror(rc));
+        snprintf(x->err, x->errlen, "tensor %u: the logged epoch %u is invalid (%s)", t->key, epoch,
+                 gift_strerror(rc));
         return GIFT_EIO;
     }
     /* gift__owner_publish re-copies U and lambda and appends the record. */
@@ -1010,8 +1008,7 @@ static int replay_record(uint32_t type, const uint8_t *body, size_t len, void *a
         }
         ny = (size_t)t->cols * t->ks;
         return type == GIFT_LOG_SKETCH ? replay_sketch(x, &c, t, step, ny)
-                                       : replay_epoch(x, &c, t, step, ny,
-                                                      type == GIFT_LOG_EPOCH2);
+                                       : replay_epoch(x, &c, t, step, ny, type == GIFT_LOG_EPOCH2);
     }
     snprintf(x->err, x->errlen, "the step log has a record of unknown type %u", type);
     return GIFT_EIO;

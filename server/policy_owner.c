@@ -460,8 +460,8 @@ static int codec_load_ok(const tensor_t *t, const gift_codec_params_t *p,
 int gift__pol_treat_load(const tensor_t *t, gift_treat_t *tr, char *why, size_t whylen)
 {
     if (!isfinite(tr->pred_ratio) || !isfinite(tr->bits)) {
-        snprintf(why, whylen, "tensor %u: a saved decision has predicted ratio %g, bits %g",
-                 t->key, tr->pred_ratio, tr->bits);
+        snprintf(why, whylen, "tensor %u: a saved decision has predicted ratio %g, bits %g", t->key,
+                 tr->pred_ratio, tr->bits);
         return GIFT_EIO;
     }
     if (!tr->set) {
@@ -497,8 +497,8 @@ int gift__pol_reply_load(const chunk_t *ch, const gift_codec_params_t *p, size_t
         snprintf(why, whylen,
                  "a saved reply of tensor %u chunk %u has format %d block %u and %zu bytes; "
                  "declared %s (%zu bytes), and a step's may only be a known format no larger",
-                 ch->t->key, ch->id, (int)p->fmt, p->block, len,
-                 gift_format_name(ch->t->pull.fmt), ch->pull_l.total);
+                 ch->t->key, ch->id, (int)p->fmt, p->block, len, gift_format_name(ch->t->pull.fmt),
+                 ch->pull_l.total);
         return GIFT_EIO;
     }
     return 0;

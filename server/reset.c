@@ -106,8 +106,8 @@ int gift__reset(gift_shard_t *s, gift_peer_t *p, const Gift__Reset *m)
         gift__send_error(s, p, GIFT_ERUNID, 1, 0, 0, 0, m->seq,
                          "reset refused: shard %u holds %s%s%s, not run '%s' (--run-id); nothing "
                          "changed",
-                         s->o.shard_id, s->run_id[0] ? "run '" : "no run id",
-                         s->run_id, s->run_id[0] ? "'" : "", want);
+                         s->o.shard_id, s->run_id[0] ? "run '" : "no run id", s->run_id,
+                         s->run_id[0] ? "'" : "", want);
         return GIFT_ERUNID;
     }
     busy = workers_connected(s, ranks, sizeof ranks);
@@ -118,8 +118,8 @@ int gift__reset(gift_shard_t *s, gift_peer_t *p, const Gift__Reset *m)
         gift__send_error(s, p, GIFT_EBUSY, 1, 0, 0, 0, m->seq,
                          "reset refused: %u worker%s %s %s connected to shard %u (rank%s %s); "
                          "stop %s first, or pass --force to drop the run under %s; nothing changed",
-                         busy, busy == 1 ? "" : "s", of, busy == 1 ? "is" : "are",
-                         s->o.shard_id, busy == 1 ? "" : "s", ranks, busy == 1 ? "it" : "them",
+                         busy, busy == 1 ? "" : "s", of, busy == 1 ? "is" : "are", s->o.shard_id,
+                         busy == 1 ? "" : "s", ranks, busy == 1 ? "it" : "them",
                          busy == 1 ? "it" : "them");
         return GIFT_EBUSY;
     }
@@ -145,8 +145,13 @@ int gift__reset(gift_shard_t *s, gift_peer_t *p, const Gift__Reset *m)
                   "reset (giftctl): dropped run '%s', %u tensors, steps below %" PRIu64
                   ", %u worker connections closed%s%s",
                   run, ack.tensors, ack.steps, ack.closed,
-                  s->jr == NULL ? "" : rc == 0 ? "; moved the checkpoint and step logs aside into a discarded-* folder of " : "; ",
-                  s->jr == NULL ? "" : rc == 0 ? s->dir : err);
+                  s->jr == NULL ? ""
+                  : rc == 0
+                      ? "; moved the checkpoint and step logs aside into a discarded-* folder of "
+                      : "; ",
+                  s->jr == NULL ? ""
+                  : rc == 0     ? s->dir
+                                : err);
     if (rc < 0) {
         gift__send_error(s, p, rc, 1, 0, 0, 0, m->seq,
                          "reset: the state in memory was dropped, but %s; fix it and reset again "

@@ -103,8 +103,8 @@ void gift__send_reply(gift_shard_t *s, gift_peer_t *p, const chunk_t *ch, const 
     }
     if (r->err) {
         gift__send_error(s, p, r->err, 0, t->key, ch->id, r->step, seq,
-                   "step %" PRIu64 " of tensor %u chunk %u could not be encoded: %s", r->step,
-                   t->key, ch->id, gift_strerror(r->err));
+                         "step %" PRIu64 " of tensor %u chunk %u could not be encoded: %s", r->step,
+                         t->key, ch->id, gift_strerror(r->err));
         return;
     }
     codec.format = (Gift__Format)r->pull.fmt; /* the step's (the declared, or its epoch's) */

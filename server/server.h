@@ -16,10 +16,10 @@ extern "C" {
 #endif
 
 typedef struct gift_server_opts {
-    const char *bind;           /* address for both listeners */
-    int port;                   /* 0: pick a free port */
-    int http_port;              /* 0: pick; < 0: no HTTP listener */
-    uint32_t max_connections;   /* protocol connections; one past it gets EBUSY */
+    const char *bind;         /* address for both listeners */
+    int port;                 /* 0: pick a free port */
+    int http_port;            /* 0: pick; < 0: no HTTP listener */
+    uint32_t max_connections; /* protocol connections; one past it gets EBUSY */
     uint32_t max_header_bytes;
     uint64_t max_frame_bytes;
     uint64_t write_queue_bytes; /* per connection; past it the shard stops reading it */
@@ -69,8 +69,7 @@ typedef struct gift_str {
     size_t len, cap;
 } gift_str_t;
 
-int gift_str_printf(gift_str_t *s, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+int gift_str_printf(gift_str_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void gift_str_free(gift_str_t *s);
 
 /* Process facts the metrics need that the shard does not know. */

@@ -50,8 +50,8 @@ static int hits_step(const gift_shard_t *s, uint64_t step)
 gift_shard_t *gift_shard_new(const gift_shard_opts_t *o, const gift_shard_io_t *io)
 {
     gift_shard_t *s;
-    if (o == NULL || io == NULL || io->send == NULL || io->close == NULL ||
-        o->num_shards == 0 || o->shard_id >= o->num_shards)
+    if (o == NULL || io == NULL || io->send == NULL || io->close == NULL || o->num_shards == 0 ||
+        o->shard_id >= o->num_shards)
         return NULL;
     if ((s = calloc(1, sizeof *s)) == NULL)
         return NULL;
@@ -78,8 +78,7 @@ gift_shard_t *gift_shard_new(const gift_shard_opts_t *o, const gift_shard_io_t *
         return NULL;
     }
     if (o->checkpoint_steps > 0) {
-        if (o->data_dir == NULL || o->data_dir[0] == '\0' ||
-            strlen(o->data_dir) >= sizeof s->dir) {
+        if (o->data_dir == NULL || o->data_dir[0] == '\0' || strlen(o->data_dir) >= sizeof s->dir) {
             free(s);
             return NULL;
         }
@@ -340,8 +339,8 @@ static int handle_hello(gift_shard_t *s, gift_peer_t *p, const Gift__Hello *h)
     p->rank = h->rank;
     p->world = h->world_size;
     GIFT_LOG_INFO(p->id, "hello from rank %u of %u (%s)%s", h->rank, h->world_size,
-             h->client_name && *h->client_name ? h->client_name : "unnamed",
-             s->o.auth ? ", authenticated" : "");
+                  h->client_name && *h->client_name ? h->client_name : "unnamed",
+                  s->o.auth ? ", authenticated" : "");
     ack.protocol_version = GIFT_PROTOCOL_VERSION;
     ack.shard_id = s->o.shard_id;
     ack.num_shards = s->o.num_shards;
@@ -409,8 +408,7 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
 
         /* On hits steps and those whose mean the policy keeps, acc ends holding it. */
         rc = gift__agg_mean(ch, sl, r, s->world,
-                            hits_step(s, step) || gift__pol_wants_mean(ch, step),
-                            s->c.pass_bytes);
+                            hits_step(s, step) || gift__pol_wants_mean(ch, step), s->c.pass_bytes);
         r->pull = sl->pull;
         r->buf->len = r->len = sl->pull_len;
         r->err = rc < 0 ? rc : 0;
@@ -418,8 +416,8 @@ static void finish_steps(gift_shard_t *s, chunk_t *ch)
         r->epoch = sl->epoch < 0 ? 0 : (uint32_t)sl->epoch;
         r->valid = 1;
         if (rc < 0)
-            GIFT_LOG_ERROR(0, "tensor %u chunk %u step %" PRIu64 ": encode failed: %s",
-                     t->key, ch->id, step, gift_strerror(rc));
+            GIFT_LOG_ERROR(0, "tensor %u chunk %u step %" PRIu64 ": encode failed: %s", t->key,
+                           ch->id, step, gift_strerror(rc));
         if (rc == 0 && hits_step(s, step)) {
             gift_hits_t h;
             s->c.pass_bytes[GIFT_SPASS_CHECK] += 4u * (uint64_t)ch->n;
@@ -475,8 +473,8 @@ static int ordered_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint64_t step, 
                        int now, uint32_t rank, const uint8_t *payload, size_t len)
 {
     return gift__agg_ordered_add(ch, sl, s->world,
-                                 hits_step(s, step) || gift__pol_wants_mean(ch, step), step,
-                                 epoch, now, rank, payload, len, s->c.pass_bytes);
+                                 hits_step(s, step) || gift__pol_wants_mean(ch, step), step, epoch,
+                                 now, rank, payload, len, s->c.pass_bytes);
 }
 
 /* Whether rank pushed into either step of ch's window. */
@@ -516,8 +514,7 @@ static void window_move(gift_shard_t *s, gift_peer_t *p, chunk_t *ch, uint64_t s
                   ", below the window %" PRIu64 "..%" PRIu64 " that the first push placed "
                   "(ranks %s, no step finished): the window moves to step %" PRIu64
                   " and those pushes are dropped",
-                  ch->t->key, ch->id, p->rank, step, old, old + 1, ranks[0] ? ranks : "none",
-                  step);
+                  ch->t->key, ch->id, p->rank, step, old, old + 1, ranks[0] ? ranks : "none", step);
     ch->started = 0;
     ch->tentative = 0;
     ch->base = step;
@@ -582,8 +579,8 @@ static int push_add(gift_shard_t *s, chunk_t *ch, slot_t *sl, uint32_t rank, con
 {
     int rc;
     if (s->o.aggregate == GIFT_SHARD_ORDERED)
-        return ordered_add(s, ch, sl, m->step, m->epoch, m->step == base, rank,
-                           f->payload, f->payload_len);
+        return ordered_add(s, ch, sl, m->step, m->epoch, m->step == base, rank, f->payload,
+                           f->payload_len);
     /* The first push of a step overwrites the accumulator instead of
      * adding to a cleared one: v and 0 + v differ only for v = -0,
      * and the +0 of the mean's scaling makes the bytes the same. */
@@ -826,9 +823,9 @@ int gift__shard_round_finish(gift_shard_t *s, tensor_t *t)
     int rc;
     if ((rc = gift__owner_build(t, s->world, s->o.aggregate == GIFT_SHARD_ORDERED, s->o.damping,
                                 s->o.geometry_decay)) < 0) {
-        GIFT_LOG_ERROR(0, "tensor %u: geometry update at step %" PRIu64
-                          " failed (%s); keeping epoch %u",
-                       t->key, step, gift_strerror(rc), t->geo.epoch);
+        GIFT_LOG_ERROR(
+            0, "tensor %u: geometry update at step %" PRIu64 " failed (%s); keeping epoch %u",
+            t->key, step, gift_strerror(rc), t->geo.epoch);
         gift__count_error(s, rc);
         return rc;
     }
@@ -839,11 +836,9 @@ int gift__shard_round_finish(gift_shard_t *s, tensor_t *t)
     }
     t->epochs[t->nepochs - 1].tr = tr;
     s->c.epochs_published++;
-    GIFT_LOG_INFO(0,
-                  "tensor %u: epoch %u published, valid from step %" PRIu64
-                  " (sigma2 %.3g, delta %.3g)",
-                  t->key, t->geo.epoch, t->epochs[t->nepochs - 1].valid_from, t->geo.sigma2,
-                  t->geo.delta);
+    GIFT_LOG_INFO(
+        0, "tensor %u: epoch %u published, valid from step %" PRIu64 " (sigma2 %.3g, delta %.3g)",
+        t->key, t->geo.epoch, t->epochs[t->nepochs - 1].valid_from, t->geo.sigma2, t->geo.delta);
     return rc;
 }
 
@@ -954,8 +949,7 @@ static int declare_claimed(gift_shard_t *s, gift_peer_t *p, const Gift__Declare 
 {
     int first = !s->declared;
     int rc = handle_declare(s, p, d);
-    if (((first && !s->declared) || rc == GIFT_ERUNID) && p->claimed &&
-        s->by_rank[p->rank] == p) {
+    if (((first && !s->declared) || rc == GIFT_ERUNID) && p->claimed && s->by_rank[p->rank] == p) {
         s->by_rank[p->rank] = NULL;
         p->claimed = 0;
     }
@@ -1006,15 +1000,16 @@ int gift_shard_handle(gift_shard_t *s, gift_peer_t *p, const gift_frame_t *f)
     /* Acting as a rank (not before the world size is known: a Declare
      * makes it known, anything else is refused below). */
     if ((env->msg_case == GIFT__ENVELOPE__MSG_DECLARE ||
-         (s->world != 0 && (env->msg_case == GIFT__ENVELOPE__MSG_PUSH ||
-                            env->msg_case == GIFT__ENVELOPE__MSG_PULL ||
-                            env->msg_case == GIFT__ENVELOPE__MSG_SKETCH ||
-                            env->msg_case == GIFT__ENVELOPE__MSG_GEOMETRY_REQUEST)))) {
+         (s->world != 0 &&
+          (env->msg_case == GIFT__ENVELOPE__MSG_PUSH || env->msg_case == GIFT__ENVELOPE__MSG_PULL ||
+           env->msg_case == GIFT__ENVELOPE__MSG_SKETCH ||
+           env->msg_case == GIFT__ENVELOPE__MSG_GEOMETRY_REQUEST)))) {
         int rc = gift__claim_rank(s, p);
         if (rc < 0)
             return rc;
     }
-    if (env->msg_case != GIFT__ENVELOPE__MSG_DECLARE && env->msg_case != GIFT__ENVELOPE__MSG_RESET &&
+    if (env->msg_case != GIFT__ENVELOPE__MSG_DECLARE &&
+        env->msg_case != GIFT__ENVELOPE__MSG_RESET &&
         env->msg_case != GIFT__ENVELOPE__MSG_STATS_REQUEST && !s->declared) {
         gift__send_error(s, p, GIFT_ENOKEY, 0, 0, 0, 0, 0, "%s before any Declare on this shard",
                          gift_msg_name(env));

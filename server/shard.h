@@ -167,12 +167,12 @@ size_t gift_shard_tensor_count(const gift_shard_t *s);
 typedef struct gift_tensor_status {
     uint32_t key;
     const char *name;
-    int has_step;        /* 0 when nothing was pushed yet */
-    uint64_t step;       /* oldest unfinished step */
-    uint32_t missing;    /* ranks still missing for that step */
-    uint32_t epoch;      /* newest published epoch (owner) */
+    int has_step;     /* 0 when nothing was pushed yet */
+    uint64_t step;    /* oldest unfinished step */
+    uint32_t missing; /* ranks still missing for that step */
+    uint32_t epoch;   /* newest published epoch (owner) */
     int owner;
-    double hit_rate;     /* boundary hits / codes, last measured step */
+    double hit_rate; /* boundary hits / codes, last measured step */
     uint64_t bytes_in, bytes_out;
     const char *push_codec, *pull_codec;
     /* The newest epoch's decision (owner only; the declared treatment when

@@ -40,12 +40,12 @@ struct gift_peer {
     int closing;
     uint32_t rank;
     parked_t *parked;
-    int challenged;                       /* authentication: an AuthChallenge was sent */
-    uint8_t nonce[GIFT_AUTH_NONCE_BYTES]; /* ... with this server nonce */
+    int challenged;                        /* authentication: an AuthChallenge was sent */
+    uint8_t nonce[GIFT_AUTH_NONCE_BYTES];  /* ... with this server nonce */
     uint8_t cnonce[GIFT_AUTH_NONCE_BYTES]; /* the client nonce of its authenticated Hello */
-    uint32_t world;   /* the world size its Hello gave */
-    uint32_t nparked; /* its entries in the parked pool */
-    int claimed;      /* it holds s->by_rank[rank]: the rank's one live connection */
+    uint32_t world;                        /* the world size its Hello gave */
+    uint32_t nparked;                      /* its entries in the parked pool */
+    int claimed; /* it holds s->by_rank[rank]: the rank's one live connection */
     char run_id[GIFT_RUN_ID_MAX + 1]; /* its Hello's run id ("" when none) */
 };
 

@@ -40,8 +40,8 @@ typedef struct gift_shard_opts {
      * the world size of its sender's Hello (authenticated when auth is on)
      * is adopted then. A Hello alone never fixes it. */
     uint32_t world_size;
-    uint64_t max_frame_bytes;  /* largest payload a declaration may imply */
-    uint32_t max_parked;       /* parked pulls, whole shard */
+    uint64_t max_frame_bytes; /* largest payload a declaration may imply */
+    uint32_t max_parked;      /* parked pulls, whole shard */
     /* Parked pulls one connection may hold; 0: 2 x the chunks on this shard
      * + 64 (what one worker can need: steps base and base + 1 of each). */
     uint32_t max_parked_per_peer;
@@ -53,9 +53,9 @@ typedef struct gift_shard_opts {
      * be (a started chunk only takes base and base + 1). 0: the default,
      * GIFT_STEP_AHEAD_DEFAULT. */
     uint64_t max_step_ahead;
-    double damping;            /* geometry damping (GIFT_DAMPING_DEFAULT) */
-    double geometry_decay;     /* covariance running average, [0, 1); 0: latest round only */
-    uint32_t hits_every;       /* measure pull-codec boundary hits every N steps (0: never) */
+    double damping;        /* geometry damping (GIFT_DAMPING_DEFAULT) */
+    double geometry_decay; /* covariance running average, [0, 1); 0: latest round only */
+    uint32_t hits_every;   /* measure pull-codec boundary hits every N steps (0: never) */
     /* The geometry owner's per-tensor policy (policy_owner.h): GIFT_POLICY_*
      * of codec/gift_policy.h (0: all), the bit budget per element (0: none,
      * formats stay declared), the transform cap in GFLOP per step (0: none)
@@ -110,12 +110,12 @@ typedef struct gift_shard_counters {
     uint64_t push_frames_in[5], pull_frames_out[5]; /* counted pushes / replies, by codec */
     uint64_t pushes, duplicates, pulls, sketches, steps_finished, epochs_published;
     uint64_t pass_bytes[GIFT_SPASS_KINDS];
-    uint64_t stalls; /* chunk steps that waited past stall_warn */
+    uint64_t stalls;       /* chunk steps that waited past stall_warn */
     uint64_t window_moves; /* tentative windows moved down by a member's first push */
     /* Persistence. */
     uint64_t checkpoints, checkpoint_failures, log_records, log_bytes, log_failures;
     uint64_t restored_step; /* oldest unfinished step after a restore (0: none) */
-    uint64_t errors[32]; /* by -code, 0..31 */
+    uint64_t errors[32];    /* by -code, 0..31 */
     uint32_t peers;
     /* Step latency (first push to finish) histogram, upper bounds in seconds:
      * 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 +Inf. */

@@ -25,8 +25,8 @@ struct parked;
  * treatment, and nothing of it travels. */
 typedef struct gift_treat {
     int set;
-    int euclid;        /* T = I for this epoch's steps */
-    uint32_t k;        /* transform rank (1..declared k) */
+    int euclid; /* T = I for this epoch's steps */
+    uint32_t k; /* transform rank (1..declared k) */
     gift_codec_params_t push, pull;
     double pred_ratio, bits;
 } gift_treat_t;

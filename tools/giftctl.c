@@ -588,7 +588,8 @@ static int session_open(const endpoint_t *e, uint32_t world, const gift_auth_key
         goto out;
     }
     hello.protocol_version = GIFT_PROTOCOL_VERSION;
-    hello.rank = key != NULL && key->rank_bound ? key->rank : 0; /* a rank key speaks for its rank */
+    hello.rank =
+        key != NULL && key->rank_bound ? key->rank : 0; /* a rank key speaks for its rank */
     hello.world_size = world;
     hello.client_name = "giftctl";
     if (key != NULL) {
@@ -946,8 +947,8 @@ static void policy_table(const Gift__Stats *st)
         owned += st->tensors[t]->policy_owner;
     printf(", %zu geometry tensors owned here\n", owned);
     if (owned)
-        printf("  %4s  %-24s %5s  %-9s %5s  %-9s %-9s %7s %6s\n", "key", "tensor", "epoch",
-               "mode", "k", "push", "pull", "ratio", "bits");
+        printf("  %4s  %-24s %5s  %-9s %5s  %-9s %-9s %7s %6s\n", "key", "tensor", "epoch", "mode",
+               "k", "push", "pull", "ratio", "bits");
     for (size_t t = 0; t < st->n_tensors; t++) {
         const Gift__TensorStats *ts = st->tensors[t];
         char ratio[32] = "-", bits[32] = "-";
@@ -957,8 +958,8 @@ static void policy_table(const Gift__Stats *st)
             snprintf(ratio, sizeof ratio, "%.3f", ts->predicted_ratio);
         if (ts->bits > 0.0)
             snprintf(bits, sizeof bits, "%.2f", ts->bits);
-        printf("  %4u  %-24s %5u  %-9s %5u  %-9s %-9s %7s %6s\n", ts->key,
-               ts->name ? ts->name : "", ts->epoch, ts->mode ? ts->mode : "", ts->transform_rank,
+        printf("  %4u  %-24s %5u  %-9s %5u  %-9s %-9s %7s %6s\n", ts->key, ts->name ? ts->name : "",
+               ts->epoch, ts->mode ? ts->mode : "", ts->transform_rank,
                ts->epoch_push_codec ? ts->epoch_push_codec : "",
                ts->epoch_pull_codec ? ts->epoch_pull_codec : "", ratio, bits);
     }
@@ -1009,8 +1010,10 @@ static void stats_one(fanout_t *f, int i)
         char cerr[400];
         int fd = tcp_connect(e->host, e->port, deadline, cerr, sizeof cerr);
         if (fd < 0) {
-            snprintf(r->err, sizeof r->err, "shard protocol port: %s (is giftd running there? "
-                     "check --servers / GIFT_SERVERS)", cerr);
+            snprintf(r->err, sizeof r->err,
+                     "shard protocol port: %s (is giftd running there? "
+                     "check --servers / GIFT_SERVERS)",
+                     cerr);
             r->world = -1;
             return;
         }
@@ -1041,8 +1044,9 @@ static int run_status_or_stats(const opts_t *o, const endpoint_t *eps, int n,
     }
     fanout_run(&f);
     if (o->json)
-        printf("{\"command\":\"%s\",\"shards\":[",
-               o->cmd == CMD_STATUS ? "status" : o->cmd == CMD_POLICY ? "policy" : "stats");
+        printf("{\"command\":\"%s\",\"shards\":[", o->cmd == CMD_STATUS   ? "status"
+                                                   : o->cmd == CMD_POLICY ? "policy"
+                                                                          : "stats");
     for (int i = 0; i < n; i++) {
         const endpoint_t *e = &eps[i];
         metrics_view_t m = res[i].m;
@@ -1177,8 +1181,10 @@ static int run_reset(const opts_t *o, const endpoint_t *eps, int n, const gift_a
             char cerr[400];
             int fd = tcp_connect(e->host, e->port, deadline, cerr, sizeof cerr);
             if (fd < 0) {
-                snprintf(err, sizeof err, "shard protocol port: %s (is giftd running there? "
-                         "check --servers / GIFT_SERVERS)", cerr);
+                snprintf(err, sizeof err,
+                         "shard protocol port: %s (is giftd running there? "
+                         "check --servers / GIFT_SERVERS)",
+                         cerr);
                 memset(&m, 0, sizeof m);
                 goto report;
             }
@@ -1217,12 +1223,13 @@ static int run_reset(const opts_t *o, const endpoint_t *eps, int n, const gift_a
                 printf("it held nothing");
             else
                 printf("dropped %s%s%s, %u tensors, steps below %" PRIu64,
-                       r.run_id[0] ? "run '" : "the state of a run without a run id",
-                       r.run_id, r.run_id[0] ? "'" : "", r.tensors, r.steps);
+                       r.run_id[0] ? "run '" : "the state of a run without a run id", r.run_id,
+                       r.run_id[0] ? "'" : "", r.tensors, r.steps);
             if (r.closed)
                 printf(", closed %u worker connection%s", r.closed, r.closed == 1 ? "" : "s");
             printf("%s; it adopts the next run\n",
-                   r.files ? ", moved its checkpoint and step logs aside (data_dir/discarded-*/)" : "");
+                   r.files ? ", moved its checkpoint and step logs aside (data_dir/discarded-*/)"
+                           : "");
         } else {
             printf("shard %s:%s: NOT RESET: %s\n", e->host, e->port, err);
         }
@@ -1341,8 +1348,7 @@ int main(int argc, char **argv)
             break;
         case 'R':
             if (optarg[0] == '\0' || strlen(optarg) > 64) {
-                fprintf(stderr, "giftctl: --run-id wants 1 to 64 bytes, got %zu\n",
-                        strlen(optarg));
+                fprintf(stderr, "giftctl: --run-id wants 1 to 64 bytes, got %zu\n", strlen(optarg));
                 return EXIT_USAGE;
             }
             o.run_id = optarg;
@@ -1431,8 +1437,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "giftctl: warning: %s\n", warn);
         have_key = 1;
         if (o.cmd == CMD_RESET && key.rank_bound) {
-            fprintf(stderr, "giftctl: reset: %s holds rank %u's key; a reset needs the shards' "
-                    "shared secret (their auth_key_file)\n", o.auth_key_file, key.rank);
+            fprintf(stderr,
+                    "giftctl: reset: %s holds rank %u's key; a reset needs the shards' "
+                    "shared secret (their auth_key_file)\n",
+                    o.auth_key_file, key.rank);
             gift_auth_key_clear(&key);
             free(eps);
             return EXIT_USAGE;

@@ -12,9 +12,8 @@
 #include "gift_proto.h"
 
 static inline void gift_test_fill_push(Gift__Envelope *env, Gift__Push *m, Gift__Codec *codec,
-                                       uint32_t key, uint32_t chunk, uint64_t step,
-                                       uint32_t epoch, Gift__Format fmt, uint32_t block,
-                                       uint64_t seq)
+                                       uint32_t key, uint32_t chunk, uint64_t step, uint32_t epoch,
+                                       Gift__Format fmt, uint32_t block, uint64_t seq)
 {
     codec->format = fmt;
     codec->block = block;
@@ -42,8 +41,8 @@ static inline void gift_test_fill_pull(Gift__Envelope *env, Gift__Pull *m, uint3
 }
 
 static inline void gift_test_fill_sketch(Gift__Envelope *env, Gift__Sketch *m, uint32_t key,
-                                         uint64_t step, uint32_t epoch, double trace,
-                                         uint32_t din, uint32_t ks, uint64_t seq)
+                                         uint64_t step, uint32_t epoch, double trace, uint32_t din,
+                                         uint32_t ks, uint64_t seq)
 {
     m->key = key;
     m->step = step;

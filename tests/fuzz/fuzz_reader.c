@@ -118,8 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(gift_reader_feed(r, "x", 1) == err);
         check(gift_reader_eof(r) == err);
         check(err == GIFT_EBADMAGIC || err == GIFT_EHDRSIZE || err == GIFT_EFRAMESIZE ||
-              err == GIFT_EPROTO ||
-              err == GIFT_EBADHEADER);
+              err == GIFT_EPROTO || err == GIFT_EBADHEADER);
     } else {
         rc = gift_reader_eof(r);
         check(rc == 0 || rc == GIFT_ETRUNCATED);

@@ -211,9 +211,9 @@ static Gift__ChunkDecl *seq_cp[SEQ_C];
 static size_t seq_nt, seq_nc;
 static uint8_t seq_payload[64 * 1024];
 
-static const Gift__Format seq_fmt[5] = {
-    GIFT__FORMAT__FORMAT_F32, GIFT__FORMAT__FORMAT_BF16, GIFT__FORMAT__FORMAT_FP8_E4M3,
-    GIFT__FORMAT__FORMAT_FP8_E5M2, GIFT__FORMAT__FORMAT_NVFP4};
+static const Gift__Format seq_fmt[5] = {GIFT__FORMAT__FORMAT_F32, GIFT__FORMAT__FORMAT_BF16,
+                                        GIFT__FORMAT__FORMAT_FP8_E4M3,
+                                        GIFT__FORMAT__FORMAT_FP8_E5M2, GIFT__FORMAT__FORMAT_NVFP4};
 
 /* Bytes of a push of chunk i of the last Declare (0 when it cannot be sent). */
 static size_t seq_push_len(size_t i)

@@ -47,10 +47,8 @@ typedef struct spec {
 /* f32 and fp8-e4m3 tensors, geometry on two of them; small ones are fused
  * by the client, larger ones split into chunks over both shards. */
 static spec_t SPEC[NT] = {
-    {"fp8gift.a", 96, 64, GIFT_CODEC_FP8_E4M3, 1},
-    {"f32.fused", 40, 80, GIFT_CODEC_F32, 0},
-    {"f32.bias", 1, 96, GIFT_CODEC_F32, 0},
-    {"f32.big", 160, 128, GIFT_CODEC_F32, 0},
+    {"fp8gift.a", 96, 64, GIFT_CODEC_FP8_E4M3, 1},  {"f32.fused", 40, 80, GIFT_CODEC_F32, 0},
+    {"f32.bias", 1, 96, GIFT_CODEC_F32, 0},         {"f32.big", 160, 128, GIFT_CODEC_F32, 0},
     {"fp8gift.b", 192, 96, GIFT_CODEC_FP8_E4M3, 1},
 };
 
@@ -125,8 +123,10 @@ int main(int argc, char **argv)
         }
     }
     if (steps == 0 || out == NULL || refresh == 0) {
-        fprintf(stderr, "usage: %s --steps N --out FILE [--refresh R] [--progress FILE] "
-                        "[--resume FILE] [--save-every K]\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s --steps N --out FILE [--refresh R] [--progress FILE] "
+                "[--resume FILE] [--save-every K]\n",
+                argv[0]);
         return 2;
     }
     o.chunk_bytes = 16384; /* several chunks per tensor, on both shards */
@@ -195,8 +195,8 @@ int main(int argc, char **argv)
                         x[(size_t)r * cols + j] =
                             unif(key ^ 0x5ce7c4ull ^ ((uint64_t)r << 16) ^ j) / (1.0f + 0.2f * j);
                 if ((rc = gift_sketch_inputs(c, (uint32_t)t, step, x, INPUTS)) < 0) {
-                    fprintf(stderr, "train_worker: rank %d step %" PRIu64
-                                    " gift_sketch_inputs(%s): %s\n",
+                    fprintf(stderr,
+                            "train_worker: rank %d step %" PRIu64 " gift_sketch_inputs(%s): %s\n",
                             rank, step, SPEC[t].name, gift_strerror(rc));
                     goto out;
                 }
@@ -206,8 +206,8 @@ int main(int argc, char **argv)
         for (int t = NT - 1; t >= 0; t--)
             if ((rc = gift_push_pull(c, (uint32_t)t, step, g[t], mean[t], NULL, NULL, &op[t])) <
                 0) {
-                fprintf(stderr, "train_worker: rank %d step %" PRIu64 " push_pull(%s): %s\n",
-                        rank, step, SPEC[t].name, gift_strerror(rc));
+                fprintf(stderr, "train_worker: rank %d step %" PRIu64 " push_pull(%s): %s\n", rank,
+                        step, SPEC[t].name, gift_strerror(rc));
                 goto out;
             }
         if (die_after != UINT64_MAX && step == die_after + 1) {

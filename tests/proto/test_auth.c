@@ -156,8 +156,8 @@ START_TEST(test_reset_mac)
     uint8_t sn[GIFT_AUTH_NONCE_BYTES], cn[GIFT_AUTH_NONCE_BYTES];
     uint8_t m1[GIFT_AUTH_MAC_BYTES], m2[GIFT_AUTH_MAC_BYTES];
 
-    ck_assert_int_eq(gift_auth_key_load(key_file_write("reset", KEY, sizeof KEY - 1, 0600), &k,
-                                        err, sizeof err, warn, sizeof warn),
+    ck_assert_int_eq(gift_auth_key_load(key_file_write("reset", KEY, sizeof KEY - 1, 0600), &k, err,
+                                        sizeof err, warn, sizeof warn),
                      0);
     ck_assert_int_eq(gift_auth_nonce(sn), 0);
     ck_assert_int_eq(gift_auth_nonce(cn), 0);

@@ -836,8 +836,7 @@ START_TEST(test_handshake_no_payload)
         put_preamble(pre, "GIF1", (uint32_t)n - 16, 60ull << 20);
         ck_assert_int_eq(gift_reader_feed(rd, pre, sizeof pre), 0);
         rc = gift_reader_feed(rd, big, 1u << 20);
-        ck_assert_msg(rc == GIFT_EPROTO, "payload in frame 2 = %d (%s)", rc,
-                      gift_strerror(rc));
+        ck_assert_msg(rc == GIFT_EPROTO, "payload in frame 2 = %d (%s)", rc, gift_strerror(rc));
         ck_assert_int_eq(gift_reader_next(rd, &f), GIFT_EPROTO);
         ck_assert_msg(gift__reader_capacity(rd) <= GIFT__READER_MIN_CAP, "buffer grew to %zu",
                       gift__reader_capacity(rd));
@@ -1349,7 +1348,8 @@ START_TEST(test_sink)
             size_t k = got;
             while (k < 3 && state[k] == 3)
                 k++;
-            require(k < 3 && state[k] == 0, "peek of frame %zu in state %d", k, k < 3 ? state[k] : -1);
+            require(k < 3 && state[k] == 0, "peek of frame %zu in state %d", k,
+                    k < 3 ? state[k] : -1);
             require(f.payload == NULL && f.payload_len == exp[k].payload_len &&
                         f.env->msg_case == exp[k].env->msg_case,
                     "peek of frame %zu: payload %p len %" PRIu64 " (want %zu)", k,

@@ -193,7 +193,7 @@ sent_t *take_any(fake_t *fp);
 void quiet_all(int line);
 const Gift__Error *expect_error_at(fake_t *fp, int code, int fatal, int line);
 int feed(fake_t *fp, Gift__Envelope *env, const void *payload, size_t len);
-extern const char *g_run_id; /* the run id hello_raw presents ("" by fx_base) */
+extern const char *g_run_id;   /* the run id hello_raw presents ("" by fx_base) */
 extern uint64_t g_resume_step; /* the resume_step hello_raw presents (0 by fx_base) */
 /* Feeds a Reset (giftctl reset) of run_id (NULL: any) from fp. */
 int reset_raw(fake_t *fp, const char *run_id, int force, uint64_t seq);

@@ -315,9 +315,17 @@ START_TEST(test_client_reconnect)
     snprintf(dir, sizeof dir, "%s/giftd-auth-XXXXXX", tmp != NULL && *tmp ? tmp : "/tmp");
     ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
     {
-        const char *extra[] = {"--auth-key-file", key_path(), "--log-level", "debug",
-                               "--world-size", "1", "--checkpoint-steps", "1",
-                               "--data-dir", dir, NULL};
+        const char *extra[] = {"--auth-key-file",
+                               key_path(),
+                               "--log-level",
+                               "debug",
+                               "--world-size",
+                               "1",
+                               "--checkpoint-steps",
+                               "1",
+                               "--data-dir",
+                               dir,
+                               NULL};
         char err[256], warn[256];
         ck_assert_msg(gift_auth_key_load(extra[1], &K, err, sizeof err, warn, sizeof warn) == 0,
                       "%s", err);
@@ -332,10 +340,18 @@ START_TEST(test_client_reconnect)
     D.stopped = 1;
     daemon_teardown();
     {
-        const char *extra[] = {"--auth-key-file", key_path(),     "--log-level",
-                               "debug",           "--world-size", "1",
-                               "--port",          port,           "--checkpoint-steps",
-                               "1",               "--data-dir",   dir,
+        const char *extra[] = {"--auth-key-file",
+                               key_path(),
+                               "--log-level",
+                               "debug",
+                               "--world-size",
+                               "1",
+                               "--port",
+                               port,
+                               "--checkpoint-steps",
+                               "1",
+                               "--data-dir",
+                               dir,
                                NULL};
         daemon_start(extra);
     }

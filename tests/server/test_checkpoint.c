@@ -41,8 +41,8 @@
 /* ------------------------------------------------------------------ */
 
 static char g_dir[64];
-static double g_decay; /* geometry_decay of the persisting shards */
-static int g_policy;   /* their policy (all unless a test sets it) */
+static double g_decay;  /* geometry_decay of the persisting shards */
+static int g_policy;    /* their policy (all unless a test sets it) */
 static double g_budget; /* and budget_bits */
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -696,8 +696,7 @@ static void pol_step(uint64_t step, Gift__Format fmt, uint8_t **keep, size_t *ke
             Gift__Codec codec = GIFT__CODEC__INIT, pull = GIFT__CODEC__INIT;
             float *x = grad(c->key, c->chunk, (uint32_t)r, step);
             uint8_t *pay = encode(&p, x, n, &len);
-            gift_test_fill_push(&env, &m, &codec, c->key, c->chunk, step, 0, fmt, p.block,
-                                g_seq++);
+            gift_test_fill_push(&env, &m, &codec, c->key, c->chunk, step, 0, fmt, p.block, g_seq++);
             pull.format = fmt;
             pull.block = p.block;
             m.pull_codec = &pull;
@@ -714,8 +713,8 @@ static void pol_step(uint64_t step, Gift__Format fmt, uint8_t **keep, size_t *ke
             ck_assert_ptr_nonnull(keep[ci]);
             memcpy(keep[ci], rep->copy, rep->len);
             keep_len[ci] = rep->len;
-            keep_fmt[ci] = rep->env->pull_reply->codec ? (int)rep->env->pull_reply->codec->format
-                                                       : -1;
+            keep_fmt[ci] =
+                rep->env->pull_reply->codec ? (int)rep->env->pull_reply->codec->format : -1;
         } else {
             /* A restored step: the same bytes in the same codec. */
             int f = rep->env->pull_reply->codec ? (int)rep->env->pull_reply->codec->format : -1;

@@ -432,8 +432,8 @@ START_TEST(test_flags)
             NULL);
     ck_assert_msg(c.policy == GIFT_CONFIG_POLICY_HITS && c.budget_bits == 6.5 &&
                       c.max_transform_gflops == 2.5 && c.hits_threshold == 0.01,
-                  "policy flags %d %g %g %g", (int)c.policy, c.budget_bits,
-                  c.max_transform_gflops, c.hits_threshold);
+                  "policy flags %d %g %g %g", (int)c.policy, c.budget_bits, c.max_transform_gflops,
+                  c.hits_threshold);
     /* A policy with checkpoints: its decisions are persisted (issue 24). */
     load_ok(&c, L("--policy=auto", "--budget-bits", "6", "--checkpoint-steps", "10"), NULL);
     ck_assert_msg(c.policy == GIFT_CONFIG_POLICY_AUTO && c.budget_bits == 6.0 &&

@@ -98,8 +98,7 @@ static void list_init(void)
 }
 
 /* Sends a Declare of the given lists with their own digest. */
-static void send_declare(raw_t *c, Gift__TensorDecl **t, size_t nt, Gift__ChunkDecl **ch,
-                         size_t nc)
+static void send_declare(raw_t *c, Gift__TensorDecl **t, size_t nt, Gift__ChunkDecl **ch, size_t nc)
 {
     Gift__Envelope env = GIFT__ENVELOPE__INIT;
     Gift__Declare d = GIFT__DECLARE__INIT;
@@ -217,8 +216,8 @@ static void check_mean(raw_t *c, uint64_t step, const char *what)
     float got[N];
     ck_assert_msg(f->env->pull_reply->step == step && f->payload_len == sizeof got,
                   "%s: reply of step %llu with %llu bytes (want step %llu, %zu bytes)", what,
-                  (unsigned long long)f->env->pull_reply->step,
-                  (unsigned long long)f->payload_len, (unsigned long long)step, sizeof got);
+                  (unsigned long long)f->env->pull_reply->step, (unsigned long long)f->payload_len,
+                  (unsigned long long)step, sizeof got);
     memcpy(got, f->payload, sizeof got);
     for (int i = 0; i < N; i++) {
         float want = 1.5f * (float)(step + 1) + 0.25f * (float)i;
@@ -409,9 +408,15 @@ END_TEST
 
 START_TEST(test_hostile_slots)
 {
-    static const char *const flags[] = {"--max-connections", "8",     "--read-timeout", "2",
-                                        "--idle-timeout",    "3",     "--max-parked-per-peer",
-                                        "16",                NULL};
+    static const char *const flags[] = {"--max-connections",
+                                        "8",
+                                        "--read-timeout",
+                                        "2",
+                                        "--idle-timeout",
+                                        "3",
+                                        "--max-parked-per-peer",
+                                        "16",
+                                        NULL};
     static raw_t idle[IDLE];
     pair_t p;
     raw_t a, b;
@@ -500,7 +505,8 @@ START_TEST(test_hostile_slots)
         pair_step(&p);
         after = rss_kb();
         printf("hostile slots: %d StatsRequests never read; VmRSS %ld kB before, %ld kB "
-               "after\n", sent, before, after);
+               "after\n",
+               sent, before, after);
         ck_assert_msg(GIFT_HAS_ASAN_ || after - before < 32 * 1024,
                       "unread replies grew RSS from %ld to %ld kB", before, after);
     }
@@ -633,10 +639,9 @@ START_TEST(test_hostile_rank)
     }
     send_pull(&p.w[0], 1, 1, 0);
     {
-        const gift_frame_t *f = raw_expect(&p.w[0], GIFT__ENVELOPE__MSG_PULL_REPLY,
-                                           "tensor 1 chunk 1 step 0");
-        ck_assert_msg(f->env->pull_reply->epoch == 0, "reply epoch %u",
-                      f->env->pull_reply->epoch);
+        const gift_frame_t *f =
+            raw_expect(&p.w[0], GIFT__ENVELOPE__MSG_PULL_REPLY, "tensor 1 chunk 1 step 0");
+        ck_assert_msg(f->env->pull_reply->epoch == 0, "reply epoch %u", f->env->pull_reply->epoch);
     }
     /* A Hello of another world size once the world is known. */
     raw_open(&a);
@@ -664,8 +669,7 @@ START_TEST(test_hostile_auth)
     pair_t p;
     raw_t a;
 
-    ck_assert_msg(gift_auth_key_load(path, &k, err, sizeof err, warn, sizeof warn) == 0, "%s",
-                  err);
+    ck_assert_msg(gift_auth_key_load(path, &k, err, sizeof err, warn, sizeof warn) == 0, "%s", err);
     gift_auth_rank_key(&k, 1, &k1);
     daemon_start(flags);
     memset(&p, 0, sizeof p);
@@ -680,8 +684,9 @@ START_TEST(test_hostile_auth)
     raw_open(&a);
     ck_assert(gift_auth_nonce(cn) == 0);
     raw_send_hello(&a, 0, 2, cn, NULL);
-    memcpy(sn, raw_expect(&a, GIFT__ENVELOPE__MSG_AUTH_CHALLENGE, "challenge")
-                   ->env->auth_challenge->server_nonce.data,
+    memcpy(sn,
+           raw_expect(&a, GIFT__ENVELOPE__MSG_AUTH_CHALLENGE, "challenge")
+               ->env->auth_challenge->server_nonce.data,
            sizeof sn);
     raw_hello_mac(&k1, sn, 0, 2, cn, mac);
     raw_send_hello(&a, 0, 2, cn, mac);
@@ -885,8 +890,8 @@ START_TEST(test_hostile_churn)
     printf("\n");
     /* Growth must flatten: the last round adds little to the one before. */
     ck_assert_msg(GIFT_HAS_ASAN_ || rss[CHURN_ROUNDS] - rss[CHURN_ROUNDS - 1] < 2048,
-                  "RSS still growing: %ld kB -> %ld kB in the last round",
-                  rss[CHURN_ROUNDS - 1], rss[CHURN_ROUNDS]);
+                  "RSS still growing: %ld kB -> %ld kB in the last round", rss[CHURN_ROUNDS - 1],
+                  rss[CHURN_ROUNDS]);
     pair_close(&p);
     daemon_stop();
 }

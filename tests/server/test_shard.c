@@ -1308,7 +1308,6 @@ END_TEST
 /* Geometry                                                              */
 /* ------------------------------------------------------------------ */
 
-
 START_TEST(test_geometry_owner)
 {
     static const int sk_order[W] = {2, 0, 3, 1};
@@ -1726,10 +1725,10 @@ START_TEST(test_counters)
             [GIFT_SPASS_CHECK] = e,  [GIFT_SPASS_COPY] = e,
         };
         for (int k = 0; k < GIFT_SPASS_KINDS; k++)
-        for (int k = 0; k < GIFT_SPASS_KINDS; k++)
-            ck_assert_msg(c->pass_bytes[k] - pass0[k] == want[k],
-                          "pass %s: %" PRIu64 " bytes, want %" PRIu64, gift_shard_pass_name(k),
-                          c->pass_bytes[k] - pass0[k], want[k]);
+            for (int k = 0; k < GIFT_SPASS_KINDS; k++)
+                ck_assert_msg(c->pass_bytes[k] - pass0[k] == want[k],
+                              "pass %s: %" PRIu64 " bytes, want %" PRIu64, gift_shard_pass_name(k),
+                              c->pass_bytes[k] - pass0[k], want[k]);
     }
     EXPECT_ERRORS(1, GIFT_ESTEP, 2);
     QUIET_ALL();
@@ -2289,7 +2288,8 @@ START_TEST(test_reset)
     ck_assert_int_eq(reset_raw(&P[5], "run-b", 1, 7), GIFT_ERUNID);
     e = EXPECT_ERROR(&P[5], GIFT_ERUNID, 1);
     ck_assert_msg(e->seq == 7 && strstr(e->text, "holds run 'run-a', not run 'run-b'") &&
-                      strstr(e->text, "nothing changed"), "seq %" PRIu64 ", text: %s", e->seq, e->text);
+                      strstr(e->text, "nothing changed"),
+                  "seq %" PRIu64 ", text: %s", e->seq, e->text);
     /* A run id one byte past the bound: refused before it is compared or kept. */
     {
         char longid[64 + 2]; /* the shard's bound is 64 bytes (GIFT_RUN_ID_MAX) */
@@ -2316,7 +2316,8 @@ START_TEST(test_reset)
     for (int r = 0; r < W; r++) {
         e = EXPECT_ERROR(&P[r], GIFT_ESTATE, 1);
         ck_assert_msg(strstr(e->text, "was reset by `giftctl reset --force`") &&
-                          strstr(e->text, "run 'run-a'"), "rank %d: %s", r, e->text);
+                          strstr(e->text, "run 'run-a'"),
+                      "rank %d: %s", r, e->text);
     }
     a = take_at(&P[7], GIFT__ENVELOPE__MSG_RESET_ACK, __LINE__)->env->reset_ack;
     ck_assert_msg(a->seq == 9 && a->shard_id == 0 && strcmp(a->run_id, "run-a") == 0 &&
@@ -2367,7 +2368,7 @@ static Suite *shard_suite(void)
     tcase_add_test(hello, test_server_messages_from_client);
     tcase_add_test(hello, test_hello_digest);
     tcase_add_test(hello, test_reject);
-    tcase_add_test(hello, test_pull_ef); /* declares a list of its own */
+    tcase_add_test(hello, test_pull_ef);       /* declares a list of its own */
     tcase_add_test(hello, test_pull_ef_epoch); /* likewise */
     suite_add_tcase(s, hello);
 
