@@ -378,6 +378,60 @@ int gift_transform_ws(const gift_geometry_t *g, int inverse, const float *G, int
                       float *out, float *work, int work_rows);
 
 /* ------------------------------------------------------------------ */
+/* The Hadamard treatment (issue 42)                                     */
+/* ------------------------------------------------------------------ */
+
+/* A fixed orthogonal rotation along the input dimension, the cheap
+ * alternative to GIFT's data-dependent T (THC; QuaRot-style rotations): each
+ * row x of rows x cols G is sent as y = H_b (D x) blockwise, where D flips
+ * the sign of column j by a pseudo-random bit of the seed, and H_b is the
+ * orthonormal Walsh-Hadamard matrix (entries +-1/sqrt(b)) applied to each
+ * run of b = gift_hadamard_block(cols) columns. Not padded: a block is the
+ * largest power of two that divides cols, so the wire carries exactly
+ * rows x cols elements and the shard's chunks, buffers and bytes are those of
+ * a Euclidean tensor (a cols with a small power-of-two factor mixes little:
+ * an odd cols gets signs only). The inverse is D H_b (H_b is symmetric and
+ * its own inverse). It is linear, so the shard averages pushes in the rotated
+ * space and each worker rotates the pulled mean back, as for GIFT tensors.
+ *
+ * Arithmetic, the same bits on every SIMD path: the signs are XORed into the
+ * sign bit (exact), the butterflies of stage h = 1, 2, 4, ..., b/2 are the
+ * plain (a + c, a - c), and each result is multiplied once by the fp32
+ * scale fl(1/sqrt(b)) (then the signs, for the inverse). Against the exact
+ * transform the error is that of log2(b) rounded additions and one multiply
+ * per element (normwise about (log2 b + 1) 2^-24 ||x||). */
+#define GIFT_HADAMARD_MAX_BLOCK 32768u /* 128 KiB of floats: one block stays in L2 */
+
+/* The block of a row of cols columns: the largest power of two dividing cols,
+ * at most GIFT_HADAMARD_MAX_BLOCK; 1 for odd cols, 0 for 0. */
+uint32_t gift_hadamard_block(uint32_t cols);
+/* The seed of a tensor's signs for an epoch (0 for a tensor without
+ * geometry epochs): a pure function of its declared name and key, so every
+ * worker derives the same signs without being told. */
+uint64_t gift_hadamard_seed(const char *name, uint32_t key, uint32_t epoch);
+
+typedef struct gift_hadamard {
+    uint32_t cols;   /* row length */
+    uint32_t block;  /* gift_hadamard_block(cols) */
+    uint64_t seed;
+    float scale;     /* fl(1/sqrt(block)) */
+    uint32_t *signs; /* cols words, 0 or 0x80000000: XORed into column j */
+} gift_hadamard_t;
+
+/* Allocates the signs for cols columns from seed. 0, GIFT_EINVAL (cols 0),
+ * GIFT_ENOMEM. Free with gift_hadamard_free. */
+int gift_hadamard_init(gift_hadamard_t *h, uint32_t cols, uint64_t seed);
+void gift_hadamard_free(gift_hadamard_t *h);
+/* out = in rotated (inverse 0: H D, row by row; 1: D H, its inverse), rows x
+ * h->cols floats row-major; out may equal in. Rows never mix, so a chunk of
+ * whole rows transforms on its own. Allocates nothing. 0 or GIFT_EINVAL. */
+int gift_hadamard_apply(const gift_hadamard_t *h, int inverse, const float *in, size_t rows,
+                        float *out);
+/* The orthonormal transform of one block of b floats in place (b a power of
+ * two), no signs, scalar: the reference the tests and benchmarks compare. */
+void gift_fwht(float *x, uint32_t b);
+
+/* ------------------------------------------------------------------ */
 /* Error feedback                                                        */
 /* ------------------------------------------------------------------ */
 

@@ -1,0 +1,327 @@
+/*
+ * hadamard.c: the Hadamard treatment (issue 42): random signs, then an
+ * orthonormal fast Walsh-Hadamard transform along each row, in blocks of
+ * gift_hadamard_block(cols) columns. The scalar loops below are the
+ * reference; the AVX2 and AVX-512 twins run the very same float operations
+ * in the same order (one add or subtract per butterfly, stage by stage, then
+ * one multiply by the scale), so every path gives the same bits. The path is
+ * the codec's (gift_simd_active: GIFT_SIMD or gift_simd_force).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gift_codec.h"
+
+#define SIGN_BIT 0x80000000u
+
+uint32_t gift_hadamard_block(uint32_t cols)
+{
+    uint32_t b;
+    if (cols == 0)
+        return 0;
+    b = cols & (~cols + 1u); /* the lowest set bit: the largest power of two dividing cols */
+    return b > GIFT_HADAMARD_MAX_BLOCK ? GIFT_HADAMARD_MAX_BLOCK : b;
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t gift_hadamard_seed(const char *name, uint32_t key, uint32_t epoch)
+{
+    uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a 64 of the name */
+    for (const unsigned char *p = (const unsigned char *)(name ? name : ""); *p != '\0'; p++) {
+        h ^= *p;
+        h *= 0x100000001B3ull;
+    }
+    h = mix64(h ^ ((uint64_t)key * 0x9E3779B97F4A7C15ull));
+    return mix64(h ^ ((uint64_t)epoch << 32 | 0x48414441u)); /* "HADA" */
+}
+
+int gift_hadamard_init(gift_hadamard_t *h, uint32_t cols, uint64_t seed)
+{
+    if (h == NULL)
+        return GIFT_EINVAL;
+    memset(h, 0, sizeof *h);
+    if (cols == 0)
+        return GIFT_EINVAL;
+    if ((h->signs = malloc((size_t)cols * sizeof *h->signs)) == NULL)
+        return GIFT_ENOMEM;
+    h->cols = cols;
+    h->block = gift_hadamard_block(cols);
+    h->seed = seed;
+    h->scale = (float)(1.0 / sqrt((double)h->block));
+    for (uint32_t j = 0; j < cols; j += 64) {
+        uint64_t bits = mix64(seed + 0x9E3779B97F4A7C15ull * (uint64_t)(j / 64 + 1));
+        for (uint32_t i = 0; i < 64 && j + i < cols; i++)
+            h->signs[j + i] = (uint32_t)((bits >> i) & 1u) << 31;
+    }
+    return 0;
+}
+
+void gift_hadamard_free(gift_hadamard_t *h)
+{
+    if (h == NULL)
+        return;
+    free(h->signs);
+    memset(h, 0, sizeof *h);
+}
+
+static inline float xor_sign(float x, uint32_t s)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u ^= s;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* The butterflies of an unnormalised transform of b floats in place. */
+static void fwht_stages(float *x, uint32_t b)
+{
+    for (uint32_t h = 1; h < b; h <<= 1)
+        for (uint32_t i = 0; i < b; i += 2 * h)
+            for (uint32_t j = i; j < i + h; j++) {
+                float a = x[j], c = x[j + h];
+                x[j] = a + c;
+                x[j + h] = a - c;
+            }
+}
+
+void gift_fwht(float *x, uint32_t b)
+{
+    float s = (float)(1.0 / sqrt((double)b));
+    fwht_stages(x, b);
+    for (uint32_t i = 0; i < b; i++)
+        x[i] *= s;
+}
+
+/* One block: out = H (in ^ sf) * s, then ^ si (sf, si NULL: no signs). */
+static void block_scalar(const float *in, const uint32_t *sf, const uint32_t *si, float *out,
+                         uint32_t b, float s)
+{
+    for (uint32_t i = 0; i < b; i++)
+        out[i] = sf != NULL ? xor_sign(in[i], sf[i]) : in[i];
+    fwht_stages(out, b);
+    for (uint32_t i = 0; i < b; i++) {
+        out[i] *= s;
+        if (si != NULL)
+            out[i] = xor_sign(out[i], si[i]);
+    }
+}
+
+typedef void (*block_fn)(const float *in, const uint32_t *sf, const uint32_t *si, float *out,
+                         uint32_t b, float s);
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2")))
+#define AVX512 __attribute__((target("avx512f")))
+
+/* x with the lanes of mask negated, plus its partner lanes sw: the lower
+ * lane of each pair gets a + c, the upper (negated) one (-c) + a = a - c,
+ * exactly the scalar butterfly's two results. */
+static inline __m256 AVX2 bfly8(__m256 x, __m256 sw, __m256i neg)
+{
+    return _mm256_add_ps(_mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(x), neg)), sw);
+}
+
+/* The stages h = 1, 2, 4 inside one vector of 8. */
+static inline __m256 AVX2 stages8(__m256 x)
+{
+    const __m256i n1 = _mm256_setr_epi32(0, (int)SIGN_BIT, 0, (int)SIGN_BIT, 0, (int)SIGN_BIT, 0,
+                                         (int)SIGN_BIT);
+    const __m256i n2 =
+        _mm256_setr_epi32(0, 0, (int)SIGN_BIT, (int)SIGN_BIT, 0, 0, (int)SIGN_BIT, (int)SIGN_BIT);
+    const __m256i n4 =
+        _mm256_setr_epi32(0, 0, 0, 0, (int)SIGN_BIT, (int)SIGN_BIT, (int)SIGN_BIT, (int)SIGN_BIT);
+    x = bfly8(x, _mm256_permute_ps(x, 0xB1), n1);
+    x = bfly8(x, _mm256_permute_ps(x, 0x4E), n2);
+    return bfly8(x, _mm256_permute2f128_ps(x, x, 0x01), n4);
+}
+
+static inline __m256 AVX2 fin8(__m256 x, __m256 vs, const uint32_t *si)
+{
+    x = _mm256_mul_ps(x, vs);
+    if (si != NULL)
+        x = _mm256_castsi256_ps(_mm256_xor_si256(
+            _mm256_castps_si256(x), _mm256_loadu_si256((const __m256i *)si)));
+    return x;
+}
+
+/* The stages h >= 8 over vectors of 8, two per pass where they fit; the
+ * last pass scales and applies si. Shared by both paths (AVX-512 blocks of
+ * 16 and up start at h = 16, with first = 16). */
+static void AVX2 stages_wide8(float *o, const uint32_t *si, uint32_t b, float s, uint32_t first)
+{
+    const __m256 vs = _mm256_set1_ps(s);
+    uint32_t h = first;
+    while (h < b) {
+        if (4 * h <= b) {
+            int last = 4 * h == b;
+            for (uint32_t i = 0; i < b; i += 4 * h)
+                for (uint32_t j = i; j < i + h; j += 8) {
+                    __m256 a = _mm256_loadu_ps(o + j), c = _mm256_loadu_ps(o + j + h);
+                    __m256 d = _mm256_loadu_ps(o + j + 2 * h), e = _mm256_loadu_ps(o + j + 3 * h);
+                    __m256 a1 = _mm256_add_ps(a, c), c1 = _mm256_sub_ps(a, c);
+                    __m256 d1 = _mm256_add_ps(d, e), e1 = _mm256_sub_ps(d, e);
+                    __m256 a2 = _mm256_add_ps(a1, d1), d2 = _mm256_sub_ps(a1, d1);
+                    __m256 c2 = _mm256_add_ps(c1, e1), e2 = _mm256_sub_ps(c1, e1);
+                    if (last) {
+                        a2 = fin8(a2, vs, si ? si + j : NULL);
+                        c2 = fin8(c2, vs, si ? si + j + h : NULL);
+                        d2 = fin8(d2, vs, si ? si + j + 2 * h : NULL);
+                        e2 = fin8(e2, vs, si ? si + j + 3 * h : NULL);
+                    }
+                    _mm256_storeu_ps(o + j, a2);
+                    _mm256_storeu_ps(o + j + h, c2);
+                    _mm256_storeu_ps(o + j + 2 * h, d2);
+                    _mm256_storeu_ps(o + j + 3 * h, e2);
+                }
+            h *= 4;
+        } else { /* 2h == b: the last stage alone */
+            for (uint32_t j = 0; j < h; j += 8) {
+                __m256 a = _mm256_loadu_ps(o + j), c = _mm256_loadu_ps(o + j + h);
+                _mm256_storeu_ps(o + j, fin8(_mm256_add_ps(a, c), vs, si ? si + j : NULL));
+                _mm256_storeu_ps(o + j + h, fin8(_mm256_sub_ps(a, c), vs, si ? si + j + h : NULL));
+            }
+            h *= 2;
+        }
+    }
+}
+
+/* A block of b >= 8. */
+static void AVX2 block_avx2(const float *in, const uint32_t *sf, const uint32_t *si, float *out,
+                            uint32_t b, float s)
+{
+    const __m256 vs = _mm256_set1_ps(s);
+    for (uint32_t i = 0; i < b; i += 8) {
+        __m256 x = _mm256_loadu_ps(in + i);
+        if (sf != NULL)
+            x = _mm256_castsi256_ps(_mm256_xor_si256(
+                _mm256_castps_si256(x), _mm256_loadu_si256((const __m256i *)(sf + i))));
+        x = stages8(x);
+        if (b == 8)
+            x = fin8(x, vs, si ? si + i : NULL);
+        _mm256_storeu_ps(out + i, x);
+    }
+    stages_wide8(out, si, b, s, 8);
+}
+
+static inline __m512 AVX512 bfly16(__m512 x, __m512 sw, __m512i neg)
+{
+    return _mm512_add_ps(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), neg)), sw);
+}
+
+static inline __m512 AVX512 fin16(__m512 x, __m512 vs, const uint32_t *si)
+{
+    x = _mm512_mul_ps(x, vs);
+    if (si != NULL)
+        x = _mm512_castsi512_ps(
+            _mm512_xor_si512(_mm512_castps_si512(x), _mm512_loadu_si512((const void *)si)));
+    return x;
+}
+
+/* A block of b >= 16: the stages h = 1..8 inside each vector of 16, then
+ * the wide ones over vectors of 16, two per pass. */
+static void AVX512 block_avx512(const float *in, const uint32_t *sf, const uint32_t *si,
+                                float *out, uint32_t b, float s)
+{
+    const int sb = (int)SIGN_BIT;
+    const __m512i n1 = _mm512_setr_epi32(0, sb, 0, sb, 0, sb, 0, sb, 0, sb, 0, sb, 0, sb, 0, sb);
+    const __m512i n2 = _mm512_setr_epi32(0, 0, sb, sb, 0, 0, sb, sb, 0, 0, sb, sb, 0, 0, sb, sb);
+    const __m512i n4 = _mm512_setr_epi32(0, 0, 0, 0, sb, sb, sb, sb, 0, 0, 0, 0, sb, sb, sb, sb);
+    const __m512i n8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, sb, sb, sb, sb, sb, sb, sb, sb);
+    const __m512 vs = _mm512_set1_ps(s);
+    uint32_t h;
+
+    for (uint32_t i = 0; i < b; i += 16) {
+        __m512 x = _mm512_loadu_ps(in + i);
+        if (sf != NULL)
+            x = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x),
+                                                     _mm512_loadu_si512((const void *)(sf + i))));
+        x = bfly16(x, _mm512_permute_ps(x, 0xB1), n1);
+        x = bfly16(x, _mm512_permute_ps(x, 0x4E), n2);
+        x = bfly16(x, _mm512_shuffle_f32x4(x, x, 0xB1), n4);
+        x = bfly16(x, _mm512_shuffle_f32x4(x, x, 0x4E), n8);
+        if (b == 16)
+            x = fin16(x, vs, si ? si + i : NULL);
+        _mm512_storeu_ps(out + i, x);
+    }
+    h = 16;
+    while (h < b) {
+        if (4 * h <= b) {
+            int last = 4 * h == b;
+            for (uint32_t i = 0; i < b; i += 4 * h)
+                for (uint32_t j = i; j < i + h; j += 16) {
+                    float *o = out;
+                    __m512 a = _mm512_loadu_ps(o + j), c = _mm512_loadu_ps(o + j + h);
+                    __m512 d = _mm512_loadu_ps(o + j + 2 * h), e = _mm512_loadu_ps(o + j + 3 * h);
+                    __m512 a1 = _mm512_add_ps(a, c), c1 = _mm512_sub_ps(a, c);
+                    __m512 d1 = _mm512_add_ps(d, e), e1 = _mm512_sub_ps(d, e);
+                    __m512 a2 = _mm512_add_ps(a1, d1), d2 = _mm512_sub_ps(a1, d1);
+                    __m512 c2 = _mm512_add_ps(c1, e1), e2 = _mm512_sub_ps(c1, e1);
+                    if (last) {
+                        a2 = fin16(a2, vs, si ? si + j : NULL);
+                        c2 = fin16(c2, vs, si ? si + j + h : NULL);
+                        d2 = fin16(d2, vs, si ? si + j + 2 * h : NULL);
+                        e2 = fin16(e2, vs, si ? si + j + 3 * h : NULL);
+                    }
+                    _mm512_storeu_ps(o + j, a2);
+                    _mm512_storeu_ps(o + j + h, c2);
+                    _mm512_storeu_ps(o + j + 2 * h, d2);
+                    _mm512_storeu_ps(o + j + 3 * h, e2);
+                }
+            h *= 4;
+        } else {
+            for (uint32_t j = 0; j < h; j += 16) {
+                __m512 a = _mm512_loadu_ps(out + j), c = _mm512_loadu_ps(out + j + h);
+                _mm512_storeu_ps(out + j, fin16(_mm512_add_ps(a, c), vs, si ? si + j : NULL));
+                _mm512_storeu_ps(out + j + h,
+                                 fin16(_mm512_sub_ps(a, c), vs, si ? si + j + h : NULL));
+            }
+            h *= 2;
+        }
+    }
+}
+
+static block_fn pick(uint32_t b)
+{
+    gift_simd_t s = gift_simd_active();
+    if (s == GIFT_SIMD_AVX512 && b >= 16)
+        return block_avx512;
+    if (s != GIFT_SIMD_SCALAR && b >= 8)
+        return block_avx2;
+    return block_scalar;
+}
+#else
+static block_fn pick(uint32_t b)
+{
+    (void)b;
+    return block_scalar;
+}
+#endif
+
+int gift_hadamard_apply(const gift_hadamard_t *h, int inverse, const float *in, size_t rows,
+                        float *out)
+{
+    block_fn fn;
+    uint32_t b;
+    if (h == NULL || h->signs == NULL || h->block == 0 || (rows > 0 && (in == NULL || out == NULL)))
+        return GIFT_EINVAL;
+    b = h->block;
+    fn = pick(b);
+    for (size_t r = 0; r < rows; r++) {
+        const float *x = in + r * h->cols;
+        float *y = out + r * h->cols;
+        for (uint32_t o = 0; o < h->cols; o += b)
+            fn(x + o, inverse ? NULL : h->signs + o, inverse ? h->signs + o : NULL, y + o, b,
+               h->scale);
+    }
+    return 0;
+}
