@@ -635,8 +635,13 @@ static int wire_alloc(gift_client_t *c, gift__wire_t *w)
                       (pl->mean = aligned(w->n * sizeof(float))) == NULL))
             return GIFT_ENOMEM;
     }
-    if (!dev && !fused && (w->geometry || w->ef_on) &&
+    if (!dev && !fused && (w->geometry || w->ef_on || w->hadamard) &&
         (w->p = aligned(w->n * sizeof(float))) == NULL)
+        return GIFT_ENOMEM;
+    /* The signs from the name and key alone (epoch 0: no epochs yet), so
+     * every worker derives the same rotation. */
+    if (w->hadamard &&
+        gift_hadamard_init(&w->hd, w->cols, gift_hadamard_seed(w->name, w->key, 0)) < 0)
         return GIFT_ENOMEM;
     if (!dev && w->ef_on && gift_ef_init(&w->ef, (int)w->rows, (int)w->cols) < 0)
         return GIFT_ENOMEM;
@@ -703,6 +708,8 @@ static int build_declares(gift_client_t *c)
         td[i].refresh = w->geometry ? w->refresh : 0;
         td[i].seed = w->seed;
         td[i].pull_error_feedback = w->pull_ef != 0;
+        td[i].transform = w->hadamard ? GIFT__TRANSFORM__TRANSFORM_HADAMARD
+                                      : GIFT__TRANSFORM__TRANSFORM_NONE;
         tdp[i] = &td[i];
     }
     gift_digest_bytes(gift_digest_tensors(tdp, nw), c->digest);
@@ -790,6 +797,24 @@ static int descs_copy(const gift_tensor_desc_t *tensors, size_t n, gift_tensor_d
             if (d[i].cols < 2 || d[i].rank > d[i].cols)
                 return rc;
         }
+        if (d[i].transform != GIFT_TRANSFORM_NONE) {
+            const char *nm = d[i].name ? d[i].name : "(unnamed)";
+            if (d[i].transform != GIFT_TRANSFORM_HADAMARD) {
+                fprintf(stderr, "gift_declare: tensor %s: unknown transform %d\n", nm,
+                        d[i].transform);
+                return rc;
+            }
+            if (d[i].geometry) {
+                fprintf(stderr, "gift_declare: tensor %s: the Hadamard transform is a "
+                        "treatment of its own, not one with geometry\n", nm);
+                return rc;
+            }
+            if (d[i].memory == GIFT_MEMORY_CUDA) {
+                fprintf(stderr, "gift_declare: tensor %s: the Hadamard transform has no device "
+                        "path yet; declare it in host memory (GIFT_MEMORY_HOST)\n", nm);
+                return rc;
+            }
+        }
         if (d[i].memory == GIFT_MEMORY_CUDA) {
             int drc = gift__dev_available(d[i].device, d[i].name ? d[i].name : "(unnamed)");
             if (drc < 0) {
@@ -855,7 +880,8 @@ static gift__wire_t *member_own(gift_client_t *c, const gift_tensor_desc_t *d, s
     w = &c->wires[m->wire];
     w->rows = d->rows;
     w->cols = d->cols;
-    if (!d->geometry && (uint64_t)d->cols * 4 > c->chunk_bytes) {
+    if (!d->geometry && d->transform == GIFT_TRANSFORM_NONE &&
+        (uint64_t)d->cols * 4 > c->chunk_bytes) {
         /* A row wider than a chunk: re-cut the (Euclidean) tensor into
          * rows of a divisor of its length, at least 8 rows a chunk. */
         size_t cmax = (size_t)(c->chunk_bytes / 32), cc;
@@ -881,6 +907,7 @@ static int wire_from_first(gift__wire_t *w, const gift_tensor_desc_t *d)
     w->ef_on = d->error_feedback != 0;
     w->pull_ef = d->pull_error_feedback != 0;
     w->geometry = d->geometry != 0;
+    w->hadamard = d->transform == GIFT_TRANSFORM_HADAMARD;
     w->prio = d->priority;
     w->memory = d->memory;
     w->device = d->device;
@@ -929,7 +956,8 @@ static int members_build(gift_client_t *c, const gift_tensor_desc_t *d, size_t n
         m->rows = d[i].rows;
         m->cols = d[i].cols;
         m->n = nel;
-        if (!d[i].geometry && d[i].memory == GIFT_MEMORY_HOST && nel * 4 < GIFT__FUSE_BYTES &&
+        if (!d[i].geometry && d[i].transform == GIFT_TRANSFORM_NONE &&
+            d[i].memory == GIFT_MEMORY_HOST && nel * 4 < GIFT__FUSE_BYTES &&
             nel * 4 <= c->chunk_bytes)
             w = member_fuse(c, cls, &ncls, &d[i], blk, nel, m);
         else

@@ -1128,6 +1128,7 @@ void gift__eng_free_wires(gift_client_t *c)
         free(w->Y);
         free(w->skw);
         gift_ef_free(&w->ef);
+        gift_hadamard_free(&w->hd);
         for (int s = 0; s < GIFT__GEO_SLOTS; s++)
             gift_geometry_free(&w->geo[s].g);
         free(w->members);

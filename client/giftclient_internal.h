@@ -294,6 +294,11 @@ typedef struct gift__wire {
     gift_codec_params_t push, pull;
     int ef_on, geometry, prio;
     int pull_ef; /* declared with pull_error_feedback: the shards keep the pull residual */
+    /* Declared with GIFT_TRANSFORM_HADAMARD (issue 42; never fused, never
+     * geometry): each chunk's rows are rotated by hd into p before encoding,
+     * and back in place after decoding. */
+    int hadamard;
+    gift_hadamard_t hd;
     uint32_t k, ks, refresh;
     uint64_t seed;
     uint32_t *members, nmembers;

@@ -32,12 +32,17 @@
  * every path cuts a tensor into its chunks and transforms them with the
  * whole tensor's rows as the form's work size (gift_transform_ws), so a
  * push or a pull gives the same bits on the I/O thread and on a codec
- * thread. scratch holds w->rows x w->k floats. */
+ * thread. scratch holds w->rows x w->k floats. A Hadamard wire (g NULL)
+ * rotates the chunk's rows by w->hd instead (H D, or D H for the inverse;
+ * rows never mix, no scratch): the same rule, residuals and threads as a
+ * geometry's T. */
 static int chunk_transform(gift_client_t *c, gift__wire_t *w, const gift_geometry_t *g,
                            int inverse, const gift__chunk_t *ch, const float *src, float *dst,
                            float *scratch)
 {
     GIFT__PASS(c, GIFT_PASS_TRANSFORM, ch->n);
+    if (w->hadamard)
+        return gift_hadamard_apply(&w->hd, inverse, src + ch->off, ch->rows, dst + ch->off);
     return gift_transform_ws(g, inverse, src + ch->off, (int)ch->rows, dst + ch->off, scratch,
                              (int)w->rows);
 }
@@ -124,8 +129,9 @@ static int encode_one(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uin
     gift_codec_params_t cp = ps->push;
     uint8_t *pay = ps->payload + ch->push_off;
     int rc;
-    if (ps->tg != NULL &&
-        (rc = chunk_transform(c, w, &ps->tg->g, 0, ch, ps->tsrc, w->p, scratch)) < 0)
+    if (ps->tsrc != NULL &&
+        (rc = chunk_transform(c, w, ps->tg != NULL ? &ps->tg->g : NULL, 0, ch, ps->tsrc, w->p,
+                              scratch)) < 0)
         return rc;
     cp.sr.seed = c->seed;
     cp.sr.rank = (uint32_t)c->rank;
@@ -487,13 +493,15 @@ void gift__host_encode_more(gift_client_t *c)
 }
 
 /* ps's chunks are transformed as they are encoded, from src under epoch's
- * geometry, pinned until the last one is (untransform). */
+ * geometry, pinned until the last one is (untransform); a Hadamard wire's
+ * under its fixed rotation (tg stays NULL). */
 static void transform_as_encoded(gift__wire_t *w, gift__pstate_t *ps, const float *src,
                                  uint32_t epoch)
 {
-    ps->tg = gift__geo_by_epoch(w, epoch);
+    ps->tg = w->hadamard ? NULL : gift__geo_by_epoch(w, epoch);
     ps->tsrc = src;
-    ps->tg->pinned++;
+    if (ps->tg != NULL)
+        ps->tg->pinned++;
 }
 
 /* The host path's push (gift__path_t.push): rebases or resets the residual
@@ -505,7 +513,7 @@ static void transform_as_encoded(gift__wire_t *w, gift__pstate_t *ps, const floa
 static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, const float *src,
                      const gift__geo_t *G, uint32_t epoch)
 {
-    int transformed = G != NULL && !G->g.identity;
+    int transformed = (G != NULL && !G->g.identity) || w->hadamard;
     const float *p = transformed ? w->p : src;
     int pooled = c->pool != NULL && w->hjob != NULL; /* gift__host_declare gave it jobs */
 
@@ -518,7 +526,7 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
         ps->zc_user = src != ps->asmb;
         pooled = 0; /* checked where it lies, nothing to encode */
     }
-    if (transformed && gift__geo_by_epoch(w, epoch) == NULL)
+    if (transformed && !w->hadamard && gift__geo_by_epoch(w, epoch) == NULL)
         return GIFT_EEPOCH; /* cannot happen: G is the slot of epoch */
     if (pooled) {
         c->eng->push_begin(c, w, ps, epoch, p);
@@ -576,6 +584,8 @@ static int host_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
         rc = gift__backend_cpu()->decode(NULL, gift__pull_codec(w, pl->epoch), payload, len,
                                          ch->n, pl->target + ch->off);
     }
+    if (rc == 0 && w->hadamard) /* rotated back as it lands, like a geometry's chunks */
+        return chunk_transform(c, w, NULL, 1, ch, pl->target, pl->target, NULL);
     if (rc < 0 || !w->geometry || inverse_on_pool(c, w))
         return rc;
     if ((G = gift__geo_by_epoch(w, pl->epoch)) == NULL)
@@ -675,9 +685,10 @@ static void host_quiesce(gift_client_t *c, gift__wire_t *w)
     gift__pstate_t *ps = w->encoding;
     int rc;
     hjob_wait(c, w);
-    if (ps == NULL || ps->tg == NULL || (w->hjob != NULL && w->hjob[HJOB_PUSH].active))
+    if (ps == NULL || ps->tsrc == NULL || (w->hjob != NULL && w->hjob[HJOB_PUSH].active))
         return; /* nothing transforms later, or the job is done and collect unpins it */
-    rc = transform_chunks(c, w, &ps->tg->g, 0, ps->nenc, ps->tsrc, w->p, w->work);
+    rc = transform_chunks(c, w, ps->tg != NULL ? &ps->tg->g : NULL, 0, ps->nenc, ps->tsrc, w->p,
+                          w->work);
     untransform(ps);
     if (rc < 0) {
         stop_encoding(c, w);

@@ -40,6 +40,10 @@ uint64_t gift_digest_tensors(Gift__TensorDecl *const *t, size_t n)
         h = fnv1a(h, d->name ? d->name : "", d->name ? strlen(d->name) : 0);
         if (d->pull_error_feedback) /* absent from older lists: their digest is unchanged */
             h = fnv1a(h, " pull-ef", 8);
+        if (d->transform != GIFT__TRANSFORM__TRANSFORM_NONE) { /* absent: unchanged, as above */
+            len = snprintf(line, sizeof line, " transform %d", (int)d->transform);
+            h = fnv1a(h, line, (size_t)len);
+        }
         h = fnv1a(h, "\n", 1);
     }
     return h;

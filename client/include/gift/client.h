@@ -150,9 +150,27 @@ typedef struct gift_tensor_desc {
      * the shards 4 bytes per element; reset when a geometry epoch changes.
      * Every worker must declare the same value (part of the cluster digest). */
     int pull_error_feedback;
+    /* A fixed rotation of a tensor without geometry (added in 0.1 after
+     * pull_error_feedback; a caller built against an older header gets
+     * GIFT_TRANSFORM_NONE). GIFT_TRANSFORM_HADAMARD (issue 42): each row is
+     * sent as H D x, D random signs from a seed derived from the tensor's
+     * name and id (the same on every worker), H the orthonormal
+     * Walsh-Hadamard transform on blocks of the largest power of two that
+     * divides cols (codec/gift_codec.h, gift_hadamard_block), and every
+     * pulled mean is rotated back (D H). The shards average in the rotated
+     * space, as for geometry tensors; error feedback keeps the residual
+     * there too. Such a tensor is never fused into a bucket. Refused
+     * (GIFT_EINVAL, said on stderr) with geometry and with GIFT_MEMORY_CUDA
+     * (no device path yet). Part of the cluster digest. */
+    int transform;
 } gift_tensor_desc_t;
 
-#define GIFT_TENSOR_INIT {sizeof(gift_tensor_desc_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define GIFT_TENSOR_INIT \
+    {sizeof(gift_tensor_desc_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* Treatments of gift_tensor_desc_t.transform. */
+#define GIFT_TRANSFORM_NONE 0     /* Euclidean, or GIFT where geometry is on */
+#define GIFT_TRANSFORM_HADAMARD 1 /* random signs and a Walsh-Hadamard rotation */
 
 /* Memory kinds of gift_tensor_desc_t.memory. */
 #define GIFT_MEMORY_HOST 0
