@@ -16,9 +16,11 @@ decay to --lr-floor of the peak (default a tenth; 0 anneals to zero).
 Gradients are averaged through a giftd cluster by gift.torch's DDP
 communication hook (DDP itself runs on a gloo process group, which it only
 uses to broadcast the initial weights): --comm picks the wire format,
-f32 | bf16 | fp8 | fp8-gift | nvfp4 | nvfp4-gift ("-gift": the GIFT geometry on
-every nn.Linear weight with at least 64 inputs and --gift-min elements; all
-other tensors Euclidean, in the same format).
+f32 | bf16 | fp8 | fp8-gift | fp8-hadamard | nvfp4 | nvfp4-gift | nvfp4-hadamard
+("-gift": the GIFT geometry on every nn.Linear weight with at least 64 inputs
+and --gift-min elements; "-hadamard": those same weights rotated by random
+signs and an orthonormal Walsh-Hadamard transform along their inputs instead,
+issue 42; all other tensors Euclidean, in the same format).
 
 --comm auto-8, auto-6, auto-5 and auto-4.5 declare the tensors as fp8-gift and
 need shards running the geometry owner's policy (giftd(8), POLICY): auto-8
@@ -605,6 +607,7 @@ def main(argv=None):
         "steps_done": len(rows), "train_s": train_s,
         "steps_per_s": len(rows) / elapsed, "epochs_switched": stats["epochs_switched"],
         "geometry_tensors": [t.name for t in state.tensors if t.geometry] if state else [],
+        "hadamard_tensors": [t.name for t in state.tensors if t.hadamard] if state else [],
         "powersgd_rank": args.powersgd_rank_used,
         "policy": args.policy_seen, "budget_bits": args.budget_bits_seen,
         "policy_table": shard_policy_table(args, log) if state and rank == 0 else None,

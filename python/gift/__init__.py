@@ -35,7 +35,7 @@ from ._lib import GiftError, strerror
 from .policy import parse_metrics, policy_table
 
 __all__ = ["Client", "Tensor", "Op", "GiftError", "strerror", "version", "codec_of",
-           "MEMORY_HOST", "MEMORY_CUDA",
+           "MEMORY_HOST", "MEMORY_CUDA", "TRANSFORM_NONE", "TRANSFORM_HADAMARD", "transform_of",
            "F32", "BF16", "FP8_E4M3", "FP8_E5M2", "NVFP4", "library_path", "policy_table",
            "parse_metrics"]
 
@@ -64,6 +64,25 @@ def codec_of(c):
 
 
 MEMORY_HOST, MEMORY_CUDA = _lib.MEMORY_HOST, _lib.MEMORY_CUDA
+TRANSFORM_NONE, TRANSFORM_HADAMARD = _lib.TRANSFORM_NONE, _lib.TRANSFORM_HADAMARD
+_TRANSFORMS = {"none": TRANSFORM_NONE, "euclidean": TRANSFORM_NONE,
+               "hadamard": TRANSFORM_HADAMARD}
+
+
+def transform_of(t):
+    """gift_tensor_desc_t.transform from None, a number or a name (none,
+    euclidean, hadamard)."""
+    if t is None:
+        return TRANSFORM_NONE
+    if isinstance(t, str):
+        try:
+            return _TRANSFORMS[t.lower()]
+        except KeyError:
+            raise ValueError(f"gift: unknown transform {t!r}; one of "
+                             f"{', '.join(_TRANSFORMS)}") from None
+    if int(t) not in (TRANSFORM_NONE, TRANSFORM_HADAMARD):
+        raise ValueError(f"gift: unknown transform {t!r}")
+    return int(t)
 
 
 def _device_index(device):
@@ -97,11 +116,14 @@ class Tensor:
     encoded and decoded on the GPU by libgiftclient (gift_tensor_desc_t's
     memory and device; needs a libgiftclient built with CUDA, else declare
     raises GiftError GIFT_ENODEV). The other fields are those of
-    gift_tensor_desc_t (0 = the library's default)."""
+    gift_tensor_desc_t (0 = the library's default). transform "hadamard"
+    (issue 42) sends each row rotated by random signs and an orthonormal
+    Walsh-Hadamard transform and rotates the pulled mean back (host memory,
+    no geometry)."""
 
     def __init__(self, name, rows, cols, codec="f32", pull_codec=None, geometry=False, rank=0,
                  refresh=0, fp8_block=0, error_feedback=False, stochastic=False, priority=0,
-                 device=None, pull_error_feedback=False):
+                 device=None, pull_error_feedback=False, transform=None):
         self.name = str(name)
         self.rows, self.cols = int(rows), int(cols)
         self.push_codec = codec_of(codec)
@@ -112,6 +134,11 @@ class Tensor:
         self.priority = int(priority)
         self.device = _device_index(device)
         self.pull_error_feedback = bool(pull_error_feedback)
+        self.transform = transform_of(transform)
+
+    @property
+    def hadamard(self):
+        return self.transform == TRANSFORM_HADAMARD
 
     @property
     def memory(self):
@@ -122,7 +149,7 @@ class Tensor:
         return self.rows * self.cols
 
     def __repr__(self):
-        g = " gift" if self.geometry else ""
+        g = " gift" if self.geometry else " hadamard" if self.hadamard else ""
         d = "" if self.device is None else f", cuda:{self.device}"
         return (f"Tensor({self.name!r}, {self.rows}x{self.cols}, "
                 f"{CODEC_NAMES.get(self.push_codec, self.push_codec)}{g}{d})")
@@ -335,6 +362,7 @@ class Client:
             d.memory = t.memory
             d.device = t.device if t.device is not None else 0
             d.pull_error_feedback = int(t.pull_error_feedback)
+            d.transform = t.transform
         _lib.check(_lib.lib.gift_declare(self._handle(), arr, len(tensors)), "gift_declare")
         self.tensors = tensors
 

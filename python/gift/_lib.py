@@ -79,7 +79,13 @@ class _TensorDesc(ctypes.Structure):
         ("memory", ctypes.c_int),  # GIFT_MEMORY_HOST (0) or GIFT_MEMORY_CUDA (1)
         ("device", ctypes.c_int),  # the CUDA device ordinal of a GIFT_MEMORY_CUDA tensor
         ("pull_error_feedback", ctypes.c_int),  # the shards keep the pulled mean's residual
+        ("transform", ctypes.c_int),  # GIFT_TRANSFORM_NONE (0) or GIFT_TRANSFORM_HADAMARD (1)
     ]
+
+
+# gift_tensor_desc_t.transform
+TRANSFORM_NONE = 0
+TRANSFORM_HADAMARD = 1
 
 
 # gift_tensor_desc_t.memory

@@ -45,14 +45,18 @@ import gift
 
 __all__ = ["COMMS", "Policy", "GiftState", "GiftReducer", "comm_hook"]
 
-# --comm names: (codec, GIFT geometry on eligible weights)
+# --comm names: (codec, treatment of the eligible weights: False Euclidean,
+# True the GIFT geometry, "hadamard" random signs and a Walsh-Hadamard
+# rotation, issue 42)
 COMMS = {
     "f32": ("f32", False),
     "bf16": ("bf16", False),
     "fp8": ("fp8-e4m3", False),
     "fp8-gift": ("fp8-e4m3", True),
+    "fp8-hadamard": ("fp8-e4m3", "hadamard"),
     "nvfp4": ("nvfp4", False),
     "nvfp4-gift": ("nvfp4", True),
+    "nvfp4-hadamard": ("nvfp4", "hadamard"),
 }
 
 
@@ -65,12 +69,16 @@ def _shape2d(p):
 class Policy:
     """Per-tensor settings. codec applies to every tensor (push and pull);
     gift turns the geometry on for nn.Linear weights with cols >= min_cols
-    and numel >= min_numel. error_feedback None means on for fp8 and nvfp4;
+    and numel >= min_numel; gift="hadamard" gives those same weights the
+    Hadamard treatment instead (transform "hadamard": random signs and an
+    orthonormal Walsh-Hadamard rotation along the inputs, no geometry; host
+    memory only: GiftState refuses it on a CUDA parameter unless
+    device_tensors=False). error_feedback None means on for fp8 and nvfp4;
     pull_error_feedback (the shards' residual of the pulled mean) None means
     the same, by the pull codec.
     overrides: {pattern: {field: value}} with the fields of gift.Tensor
     (codec, pull_codec, geometry, rank, refresh, fp8_block, error_feedback,
-    stochastic, priority, pull_error_feedback), applied in order to names matching pattern."""
+    stochastic, priority, pull_error_feedback, transform), applied in order to names matching pattern."""
 
     def __init__(self, codec="f32", gift=False, min_numel=16384, min_cols=64, rank=0,
                  refresh=50, fp8_block=0, error_feedback=None, stochastic=False,
@@ -97,11 +105,15 @@ class Policy:
     def __call__(self, name, param, module):
         """The gift.Tensor fields (a dict) for parameter `name` of `module`."""
         rows, cols = _shape2d(param)
-        geometry = (self.gift and isinstance(module, nn.Linear) and param is module.weight
+        eligible = (bool(self.gift) and isinstance(module, nn.Linear) and param is module.weight
                     and cols >= self.min_cols and rows * cols >= self.min_numel)
+        hadamard = eligible and self.gift == "hadamard"
+        geometry = eligible and not hadamard
         d = dict(codec=self.codec, geometry=geometry, rank=self.rank if geometry else 0,
                  refresh=self.refresh if geometry else 0, fp8_block=self.fp8_block,
                  error_feedback=self.error_feedback, stochastic=self.stochastic)
+        if hadamard:
+            d["transform"] = "hadamard"
         for pattern, fields in self.overrides.items():
             if fnmatch.fnmatchcase(name, pattern):
                 d.update(fields)
@@ -184,6 +196,10 @@ class GiftState:
             rows, cols = _shape2d(p)
             fields = dict(self.policy(name, p, owner.get(id(p))))
             if device_tensors and p.device.type == "cuda" and "device" not in fields:
+                if gift.transform_of(fields.get("transform")) == gift.TRANSFORM_HADAMARD:
+                    raise ValueError(
+                        f"gift: {name}: the Hadamard treatment has no device path yet; "
+                        "pass device_tensors=False to send CUDA gradients through host memory")
                 fields["device"] = p.device.index
             t = gift.Tensor(name, rows, cols, **fields)
             self.ids[id(p)] = len(self.tensors)
@@ -234,7 +250,8 @@ class GiftState:
         """One line per tensor: name, shape, codec, geometry."""
         return "\n".join(
             f"{t.name:40s} {t.rows:6d} x {t.cols:<6d} {gift.CODEC_NAMES[t.push_codec]:9s}"
-            f"{' gift' if t.geometry else ''}" for t in self.tensors)
+            f"{' gift' if t.geometry else ' hadamard' if t.hadamard else ''}"
+            for t in self.tensors)
 
     def end_step(self):
         self.step += 1
