@@ -117,9 +117,8 @@ START_TEST(test_push_exact)
         e[i] = calloc(n, sizeof(float));
         ck_assert(g[i] && out[i] && e[i]);
         /* Every tensor is a wire of its own: key i. */
-        ck_assert_int_eq(gift_hadamard_init(&h[i], T[i].cols,
-                                            gift_hadamard_seed(T[i].name, (uint32_t)i, 0)),
-                         0);
+        ck_assert_int_eq(
+            gift_hadamard_init(&h[i], T[i].cols, gift_hadamard_seed(T[i].name, (uint32_t)i, 0)), 0);
     }
     start("1");
     servers(sv, sizeof sv);
@@ -134,9 +133,8 @@ START_TEST(test_push_exact)
         gift_op_t *ops[NT];
         for (int i = 0; i < NT; i++) {
             gen(g[i], (size_t)T[i].rows * T[i].cols, T[i].cols, i, 0, s);
-            ck_assert_int_eq(gift_push_pull(c, (uint32_t)i, (uint64_t)s, g[i], out[i], NULL, NULL,
-                                            &ops[i]),
-                             0);
+            ck_assert_int_eq(
+                gift_push_pull(c, (uint32_t)i, (uint64_t)s, g[i], out[i], NULL, NULL, &ops[i]), 0);
         }
         for (int i = 0; i < NT; i++) {
             int rc = gift_op_wait(ops[i]);
@@ -159,8 +157,8 @@ START_TEST(test_push_exact)
             }
             ck_assert_int_eq(gift_hadamard_apply(&h[i], 1, d, T[i].rows, d), 0);
             for (size_t k = 0; k < n; k++)
-                require_msg(out[i][k] == d[k], "step %d %s element %zu: pulled %.9g, model %.9g",
-                            s, T[i].name, k, (double)out[i][k], (double)d[k]);
+                require_msg(out[i][k] == d[k], "step %d %s element %zu: pulled %.9g, model %.9g", s,
+                            T[i].name, k, (double)out[i][k], (double)d[k]);
         }
     }
     gift_client_close(c);
@@ -223,8 +221,8 @@ static void *mean_worker(void *arg)
         gift_op_t *ops[MT];
         for (int i = 0; i < MT; i++) {
             gen(g[w->rank][i], MROWS * MCOLS, MCOLS, i, w->rank, s);
-            if ((rc = gift_push_pull(c, (uint32_t)i, (uint64_t)s, g[w->rank][i], w->out[s][i],
-                                     NULL, NULL, &ops[i])) < 0) {
+            if ((rc = gift_push_pull(c, (uint32_t)i, (uint64_t)s, g[w->rank][i], w->out[s][i], NULL,
+                                     NULL, &ops[i])) < 0) {
                 w->rc = rc;
                 snprintf(w->why, sizeof w->why, "rank %d step %d push_pull: %s", w->rank, s,
                          gift_strerror(rc));
@@ -299,8 +297,7 @@ START_TEST(test_mean)
             }
             rel = sqrt(err / nm);
             ck_assert_msg(rel < (MEAN_T[i].codec == GIFT_CODEC_NVFP4 ? 0.3 : 0.06),
-                          "%s step %d: relative L2 %.4f to the exact mean", MEAN_T[i].name, s,
-                          rel);
+                          "%s step %d: relative L2 %.4f to the exact mean", MEAN_T[i].name, s, rel);
             if (s == 0)
                 fprintf(stderr, "test_mean: %s relative L2 to the exact mean %.4f\n",
                         MEAN_T[i].name, rel);

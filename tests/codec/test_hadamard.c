@@ -33,9 +33,9 @@ static const gift_simd_t PATHS[] = {GIFT_SIMD_SCALAR, GIFT_SIMD_AVX2, GIFT_SIMD_
 /* rows x cols shapes: blocks 1 (odd), 2, 8, 16, 32, 64, 128, 1024, 4096, the
  * cap, and a cols above the cap. */
 static const uint32_t SHAPES[][2] = {
-    {1, 1},    {1, 3},   {3, 6},    {4, 8},    {2, 16},  {5, 24},   {1, 48},     {3, 96},
-    {2, 64},   {7, 1000}, {1, 128}, {2, 384},  {2, 1024}, {1, 4096}, {1, 32768}, {1, 65536},
-    {9, 4352}, {2, 2048},
+    {1, 1},    {1, 3},    {3, 6},     {4, 8},     {2, 16},   {5, 24},
+    {1, 48},   {3, 96},   {2, 64},    {7, 1000},  {1, 128},  {2, 384},
+    {2, 1024}, {1, 4096}, {1, 32768}, {1, 65536}, {9, 4352}, {2, 2048},
 };
 #define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
 
@@ -192,11 +192,11 @@ START_TEST(test_reference)
                     }
                     /* per element: bounded by the block's normwise bound */
                     require_msg(err <= tol_l * 0x1p-24 * sqrt(nx),
-                                "%ux%u row %u block %u: max error %g, norm %g (tol %g)", rows,
-                                cols, r, o, err, sqrt(nx), tol_l * 0x1p-24 * sqrt(nx));
+                                "%ux%u row %u block %u: max error %g, norm %g (tol %g)", rows, cols,
+                                r, o, err, sqrt(nx), tol_l * 0x1p-24 * sqrt(nx));
                     require_msg(sqrt(rt) <= 2 * tol_l * 0x1p-24 * sqrt(nx),
-                                "%ux%u row %u block %u: round trip %g, norm %g", rows, cols, r,
-                                o, sqrt(rt), sqrt(nx));
+                                "%ux%u row %u block %u: round trip %g, norm %g", rows, cols, r, o,
+                                sqrt(rt), sqrt(nx));
                 }
             if (step == 1 && h.block <= 4096) {
                 /* normwise too, over whole blocks */
