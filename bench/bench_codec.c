@@ -35,6 +35,14 @@
  * memcpy for Euclidean rows. */
 #define TARGET_E4M3 0.5
 #define TARGET_NVFP4 0.3
+/* Issue 42: the Hadamard treatment's fp8-e4m3 encode (transform included). */
+#define TARGET_HADAMARD_E4M3 0.5
+
+/* Row treatments (codec_row_t.gift). */
+#define TR_EUCLIDEAN 0
+#define TR_GIFT 1
+#define TR_HADAMARD 2
+#define TR_COUNT 3
 /* On the GPU: ratio to a device-to-device copy. */
 #define TARGET_GPU_E4M3 0.6
 #define TARGET_GPU_NVFP4 0.4
@@ -60,7 +68,8 @@ typedef struct codec_opts {
 /* One benchmark row: a format under one transform. */
 typedef struct codec_row {
     gift_format_t fmt;
-    int gift;
+    int gift;          /* TR_EUCLIDEAN, TR_GIFT or TR_HADAMARD */
+    int target_enc;    /* the target is on the encode alone */
     size_t payload_bytes;
     double enc_s[CODEC_MAX_REPEATS];
     double dec_s[CODEC_MAX_REPEATS];
@@ -84,7 +93,13 @@ typedef struct codec_bufs {
     float *work; /* rows * k */
     gift_geometry_t g;
     int have_g;
+    gift_hadamard_t hd; /* the Hadamard rows': din columns, blocks of gift_hadamard_block(din) */
 } codec_bufs_t;
+
+static const char *tr_name(int tr)
+{
+    return tr == TR_GIFT ? "gift" : tr == TR_HADAMARD ? "hadamard" : "euclidean";
+}
 
 void bench_codec_usage(FILE *f)
 {
@@ -100,11 +115,18 @@ void bench_codec_usage(FILE *f)
             "             rounds of sketches of a synthetic decaying-spectrum input, so the\n"
             "             transform really runs: encode = gift_transform(T) + gift_encode,\n"
             "             decode = gift_decode + gift_transform(T^-1)\n"
+            "  hadamard   the same (n / D) x D rows, random signs and an orthonormal\n"
+            "             Walsh-Hadamard transform on blocks of the largest power of two\n"
+            "             dividing D (issue 42): encode = gift_hadamard_apply + gift_encode,\n"
+            "             decode = gift_decode + gift_hadamard_apply(inverse) in place, per\n"
+            "             call (with --chunk-mib, each chunk rotated just before its encode and\n"
+            "             after its decode, as libgiftclient does)\n"
             "Throughput is GB/s of fp32 data (4 * n bytes / median seconds, 1 GB = 1e9 B)\n"
             "over R timed runs after one warm-up run. Single-core memcpy of the same 4 * n\n"
             "bytes (R runs before and R after the codec rows, median of all) is the\n"
             "yardstick; 'x memcpy' is each throughput over memcpy's. The targets:\n"
-            "fp8-e4m3 euclidean encode and decode >= %.1fx memcpy, nvfp4 euclidean >= %.1fx;\n"
+            "fp8-e4m3 euclidean encode and decode >= %.1fx memcpy, nvfp4 euclidean >= %.1fx,\n"
+            "fp8-e4m3 hadamard encode (transform included) >= %.1fx;\n"
             "those rows get a PASS/FAIL column. relL2 is the round-trip error of each row\n"
             "(a sanity check, not a fidelity benchmark: see `gift-bench fidelity`).\n"
             "\n"
@@ -129,7 +151,8 @@ void bench_codec_usage(FILE *f)
             "  --json FILE    write results here (default %s/codec.json, --gpu:\n"
             "                 %s/codec_gpu.json)\n"
             "  --help         this text\n",
-            TARGET_E4M3, TARGET_NVFP4, TARGET_GPU_E4M3, TARGET_GPU_NVFP4, BENCH_OUT_DIR,
+            TARGET_E4M3, TARGET_NVFP4, TARGET_HADAMARD_E4M3, TARGET_GPU_E4M3, TARGET_GPU_NVFP4,
+            BENCH_OUT_DIR,
             BENCH_OUT_DIR);
 }
 
@@ -203,6 +226,11 @@ static int parse_opts(int argc, char **argv, codec_opts_t *o)
     if (((size_t)o->mib << 18) % (size_t)o->din != 0) {
         fprintf(stderr, "gift-bench: --din %ld does not divide n = %zu elements\n", o->din,
                 (size_t)o->mib << 18);
+        return -1;
+    }
+    if (o->chunk_mib > 0 && ((size_t)o->chunk_mib << 18) % (size_t)o->din != 0) {
+        fprintf(stderr, "gift-bench: --din %ld does not divide a --chunk-mib call's %zu elements\n",
+                o->din, (size_t)o->chunk_mib << 18);
         return -1;
     }
     return 0;
@@ -285,15 +313,22 @@ static int run_encode(codec_bufs_t *b, const gift_codec_params_t *p, int gift)
     const float *src = b->x;
     int rc;
 
-    if (gift) {
+    if (gift == TR_GIFT) {
         if ((rc = gift_transform(&b->g, 0, b->x, b->rows, b->t, b->work)) < 0)
             return rc;
         src = b->t;
+    } else if (gift == TR_HADAMARD) {
+        src = b->t; /* each call's rows rotated just before their encode, as the client does */
     }
-    for (size_t i = 0, c = 0; i < b->n; i += b->chunk_n, c++)
+    for (size_t i = 0, c = 0; i < b->n; i += b->chunk_n, c++) {
+        if (gift == TR_HADAMARD &&
+            (rc = gift_hadamard_apply(&b->hd, 0, b->x + i, b->chunk_n / (size_t)b->din,
+                                      b->t + i)) < 0)
+            return rc;
         if ((rc = gift_encode(p, src + i, b->chunk_n, (char *)b->payload + c * b->chunk_cap,
                               b->chunk_cap)) < 0)
             return rc;
+    }
     return 0;
 }
 
@@ -309,12 +344,29 @@ static int decode_chunks(codec_bufs_t *b, const gift_codec_params_t *p, size_t l
     return 0;
 }
 
+/* Hadamard rows: each call's payload decoded into out and rotated back
+ * there in place, as the client does each pulled chunk. */
+static int decode_hadamard(codec_bufs_t *b, const gift_codec_params_t *p, size_t len)
+{
+    int rc;
+
+    for (size_t i = 0, c = 0; i < b->n; i += b->chunk_n, c++)
+        if ((rc = gift_decode(p, (const char *)b->payload + c * b->chunk_cap, len, b->chunk_n,
+                              b->out + i)) < 0 ||
+            (rc = gift_hadamard_apply(&b->hd, 1, b->out + i, b->chunk_n / (size_t)b->din,
+                                      b->out + i)) < 0)
+            return rc;
+    return 0;
+}
+
 static int run_decode(codec_bufs_t *b, const gift_codec_params_t *p, int gift, size_t len)
 {
     int rc;
 
-    if (!gift)
+    if (gift == TR_EUCLIDEAN)
         return decode_chunks(b, p, len, b->out);
+    if (gift == TR_HADAMARD)
+        return decode_hadamard(b, p, len);
     if ((rc = decode_chunks(b, p, len, b->t)) < 0)
         return rc;
     return gift_transform(&b->g, 1, b->t, b->rows, b->out, b->work);
@@ -338,7 +390,7 @@ static int bench_row(codec_bufs_t *b, codec_row_t *row, long repeats)
     gift_codec_params_t p;
     gift_layout_t lay;
     const char *name = gift_format_name(row->fmt);
-    const char *tr = row->gift ? "gift" : "euclidean";
+    const char *tr = tr_name(row->gift);
     double bytes = 4.0 * (double)b->n;
     int rc;
 
@@ -429,6 +481,31 @@ fail:
     return rc;
 }
 
+/* Times the Hadamard rotation alone (H D into t, D H from t into out). */
+static int time_hadamard(codec_bufs_t *b, double *fwd, double *inv, long repeats)
+{
+    int rc;
+
+    for (long r = -1; r < repeats; r++) { /* r == -1: warm-up */
+        double t0 = bench_now(), t1, t2;
+
+        if ((rc = gift_hadamard_apply(&b->hd, 0, b->x, (size_t)b->rows, b->t)) < 0)
+            goto fail;
+        t1 = bench_now();
+        if ((rc = gift_hadamard_apply(&b->hd, 1, b->t, (size_t)b->rows, b->out)) < 0)
+            goto fail;
+        t2 = bench_now();
+        if (r >= 0) {
+            fwd[r] = t1 - t0;
+            inv[r] = t2 - t1;
+        }
+    }
+    return 0;
+fail:
+    fprintf(stderr, "gift-bench: gift_hadamard_apply: %s\n", gift_strerror(rc));
+    return rc;
+}
+
 static void json_samples(bench_json_t *j, const char *key, const double *s, long n)
 {
     bench_json_arr(j, key);
@@ -439,7 +516,8 @@ static void json_samples(bench_json_t *j, const char *key, const double *s, long
 
 static int write_json(const codec_opts_t *o, const codec_bufs_t *b, const codec_row_t *rows,
                       size_t nrows, const double *mc_s, long nmc, double mc_gbps, const double *tf,
-                      const double *ti, double tf_gbps, double ti_gbps, const char *cpu,
+                      const double *ti, double tf_gbps, double ti_gbps, const double *hf,
+                      const double *hi, double hf_gbps, double hi_gbps, const char *cpu,
                       const char *date, double wall)
 {
     FILE *f;
@@ -469,6 +547,15 @@ static int write_json(const codec_opts_t *o, const codec_bufs_t *b, const codec_
     json_samples(&j, "transform_s", tf, o->repeats);
     json_samples(&j, "inverse_s", ti, o->repeats);
     bench_json_obj_end(&j);
+    bench_json_obj(&j, "hadamard");
+    bench_json_int(&j, "rows", b->rows);
+    bench_json_int(&j, "din", b->din);
+    bench_json_int(&j, "block", b->hd.block);
+    bench_json_num(&j, "transform_gbps", hf_gbps);
+    bench_json_num(&j, "inverse_gbps", hi_gbps);
+    json_samples(&j, "transform_s", hf, o->repeats);
+    json_samples(&j, "inverse_s", hi, o->repeats);
+    bench_json_obj_end(&j);
     bench_json_obj(&j, "memcpy");
     bench_json_num(&j, "gbps", mc_gbps);
     json_samples(&j, "seconds", mc_s, nmc);
@@ -479,11 +566,13 @@ static int write_json(const codec_opts_t *o, const codec_bufs_t *b, const codec_
 
         bench_json_obj(&j, NULL);
         bench_json_str(&j, "format", gift_format_name(r->fmt));
-        bench_json_str(&j, "transform", r->gift ? "gift" : "euclidean");
-        if (r->gift)
+        bench_json_str(&j, "transform", tr_name(r->gift));
+        if (r->gift == TR_GIFT)
             bench_json_int(&j, "k", b->g.k);
         else
             bench_json_null(&j, "k");
+        if (r->gift == TR_HADAMARD)
+            bench_json_int(&j, "hadamard_block", b->hd.block);
         bench_json_int(&j, "payload_bytes", (long long)r->payload_bytes);
         bench_json_num(&j, "bits_per_elem", 8.0 * (double)r->payload_bytes / (double)b->n);
         bench_json_num(&j, "encode_gbps", r->enc_gbps);
@@ -493,7 +582,8 @@ static int write_json(const codec_opts_t *o, const codec_bufs_t *b, const codec_
         bench_json_num(&j, "roundtrip_rel_l2", r->rel_l2);
         if (r->target > 0.0) {
             bench_json_num(&j, "target_x_memcpy", r->target);
-            bench_json_bool(&j, "pass", r->pass_enc && r->pass_dec);
+            bench_json_str(&j, "target_on", r->target_enc ? "encode" : "encode and decode");
+            bench_json_bool(&j, "pass", r->pass_enc && (r->target_enc || r->pass_dec));
         } else {
             bench_json_null(&j, "target_x_memcpy");
             bench_json_null(&j, "pass");
@@ -938,9 +1028,10 @@ int bench_codec_main(int argc, char **argv)
     codec_opts_t o;
     codec_bufs_t b;
     codec_row_t *rows = NULL;
-    size_t nrows = 2 * CODEC_NFORMATS;
-    double *mc_s = NULL, *tf = NULL, *ti = NULL, tmp[2 * CODEC_MAX_REPEATS];
-    double mc_gbps, tf_gbps, ti_gbps, t_start = bench_now(), wall;
+    size_t nrows = TR_COUNT * CODEC_NFORMATS;
+    double *mc_s = NULL, *tf = NULL, *ti = NULL, *hf = NULL, *hi = NULL;
+    double tmp[2 * CODEC_MAX_REPEATS];
+    double mc_gbps, tf_gbps, ti_gbps, hf_gbps, hi_gbps, t_start = bench_now(), wall;
     char cpu[256], date[64], chunks[96];
     int rc, status = 1, fail = 0;
 
@@ -987,7 +1078,10 @@ int bench_codec_main(int argc, char **argv)
     mc_s = calloc(2 * (size_t)o.repeats, sizeof(double));
     tf = calloc((size_t)o.repeats, sizeof(double));
     ti = calloc((size_t)o.repeats, sizeof(double));
-    if (!b.x || !b.t || !b.out || !b.payload || !b.work || !rows || !mc_s || !tf || !ti) {
+    hf = calloc((size_t)o.repeats, sizeof(double));
+    hi = calloc((size_t)o.repeats, sizeof(double));
+    if (!b.x || !b.t || !b.out || !b.payload || !b.work || !rows || !mc_s || !tf || !ti || !hf ||
+        !hi || gift_hadamard_init(&b.hd, (uint32_t)b.din, gift_hadamard_seed("bench", 0, 0)) < 0) {
         fprintf(stderr, "gift-bench: out of memory (a %ld MiB tensor needs about %ld MiB)\n", o.mib,
                 4 * o.mib);
         goto out;
@@ -1011,10 +1105,14 @@ int bench_codec_main(int argc, char **argv)
             r->target = TARGET_E4M3;
         else if (!r->gift && r->fmt == GIFT_FMT_NVFP4)
             r->target = TARGET_NVFP4;
+        else if (r->gift == TR_HADAMARD && r->fmt == GIFT_FMT_E4M3) {
+            r->target = TARGET_HADAMARD_E4M3;
+            r->target_enc = 1;
+        }
         if (bench_row(&b, r, o.repeats) < 0)
             goto out;
     }
-    if (time_transform(&b, tf, ti, o.repeats) < 0)
+    if (time_transform(&b, tf, ti, o.repeats) < 0 || time_hadamard(&b, hf, hi, o.repeats) < 0)
         goto out;
     time_memcpy(&b, mc_s + o.repeats, o.repeats);
 
@@ -1024,6 +1122,10 @@ int bench_codec_main(int argc, char **argv)
     tf_gbps = 4.0 * (double)b.n / bench_median(tmp, (size_t)o.repeats) / 1e9;
     memcpy(tmp, ti, (size_t)o.repeats * sizeof(double));
     ti_gbps = 4.0 * (double)b.n / bench_median(tmp, (size_t)o.repeats) / 1e9;
+    memcpy(tmp, hf, (size_t)o.repeats * sizeof(double));
+    hf_gbps = 4.0 * (double)b.n / bench_median(tmp, (size_t)o.repeats) / 1e9;
+    memcpy(tmp, hi, (size_t)o.repeats * sizeof(double));
+    hi_gbps = 4.0 * (double)b.n / bench_median(tmp, (size_t)o.repeats) / 1e9;
 
     if (o.chunk_mib > 0)
         snprintf(chunks, sizeof(chunks), "encoded and decoded in %zu calls of %ld MiB",
@@ -1047,20 +1149,25 @@ int bench_codec_main(int argc, char **argv)
         char tr[32], target[16];
         const char *pass = "";
 
-        if (r->gift)
+        if (r->gift == TR_GIFT)
             snprintf(tr, sizeof(tr), "gift k=%d", b.g.k);
+        else if (r->gift == TR_HADAMARD)
+            snprintf(tr, sizeof(tr), "hadamard b=%u", b.hd.block);
         else
             snprintf(tr, sizeof(tr), "euclidean");
         target[0] = '\0';
         if (r->target > 0.0) {
             r->pass_enc = r->enc_gbps >= r->target * mc_gbps;
             r->pass_dec = r->dec_gbps >= r->target * mc_gbps;
-            snprintf(target, sizeof(target), ">= %.1fx", r->target);
-            pass = r->pass_enc && r->pass_dec ? "PASS"
-                   : r->pass_enc              ? "FAIL (decode)"
-                   : r->pass_dec              ? "FAIL (encode)"
-                                              : "FAIL (both)";
-            fail |= !(r->pass_enc && r->pass_dec);
+            snprintf(target, sizeof(target), ">= %.1fx%s", r->target, r->target_enc ? " enc" : "");
+            if (r->target_enc)
+                pass = r->pass_enc ? "PASS" : "FAIL (encode)";
+            else
+                pass = r->pass_enc && r->pass_dec ? "PASS"
+                       : r->pass_enc              ? "FAIL (decode)"
+                       : r->pass_dec              ? "FAIL (encode)"
+                                                  : "FAIL (both)";
+            fail |= !(r->pass_enc && (r->target_enc || r->pass_dec));
         }
         printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2e | %s | %s |\n",
                gift_format_name(r->fmt), tr, 8.0 * (double)r->payload_bytes / (double)b.n,
@@ -1070,15 +1177,21 @@ int bench_codec_main(int argc, char **argv)
     printf("\ngift transform alone (rank %d, %d x %d): T %.2f GB/s (%.2fx memcpy), T^-1 %.2f "
            "GB/s (%.2fx memcpy)\n",
            b.g.k, b.rows, b.din, tf_gbps, tf_gbps / mc_gbps, ti_gbps, ti_gbps / mc_gbps);
+    printf("hadamard rotation alone (blocks of %u, %d x %d): H D %.2f GB/s (%.2fx memcpy), D H "
+           "%.2f GB/s (%.2fx memcpy)\n",
+           b.hd.block, b.rows, b.din, hf_gbps, hf_gbps / mc_gbps, hi_gbps, hi_gbps / mc_gbps);
     wall = bench_now() - t_start;
     printf("\ntargets: %s; wall time %.1f s; JSON: %s\n", fail ? "FAIL" : "PASS", wall, o.json);
-    if (write_json(&o, &b, rows, nrows, mc_s, 2 * o.repeats, mc_gbps, tf, ti, tf_gbps, ti_gbps, cpu,
-                   date, wall) < 0)
+    if (write_json(&o, &b, rows, nrows, mc_s, 2 * o.repeats, mc_gbps, tf, ti, tf_gbps, ti_gbps, hf,
+                   hi, hf_gbps, hi_gbps, cpu, date, wall) < 0)
         goto out;
     status = 0;
 out:
     if (b.have_g)
         gift_geometry_free(&b.g);
+    gift_hadamard_free(&b.hd);
+    free(hi);
+    free(hf);
     free(ti);
     free(tf);
     free(mc_s);

@@ -4,7 +4,9 @@
  * W workers each hold the weight gradient G_w (rows x din) of one linear
  * layer. For each codec (fp8-e4m3, nvfp4) and each transform (Euclidean, and
  * GIFT at several ranks k with geometries built from sketches as the server
- * builds them), every worker sends encode(G_w T); the server sums the decoded
+ * builds them, and the Hadamard treatment of issue 42: T = D H, random signs
+ * and an orthonormal Walsh-Hadamard transform along din), every worker sends
+ * encode(G_w T); the server sums the decoded
  * payloads in transformed space (gift_decode_acc) and divides by W; the
  * result is mapped back with T^-1 and compared with the true mean gradient.
  * Only the push leg is quantized; the server's re-encode for the pull is not
@@ -82,7 +84,8 @@ typedef struct fid_geo {
 /* One codec under test and its results. */
 typedef struct fid_row {
     gift_format_t fmt;
-    int gi; /* -1: Euclidean, else index into the geometries */
+    int gi; /* -1: Euclidean or Hadamard, else index into the geometries */
+    int hadamard; /* 1: the Hadamard treatment (gi == -1) */
     double rel_l2, cosine, whitened, muon, whit_ratio;
     gift_hits_t hits; /* summed over workers */
 } fid_row_t;
@@ -123,6 +126,7 @@ typedef struct fid_state {
     size_t cap;
     fid_geo_t geo[FID_MAX_K];
     int ngeo, kdef;
+    gift_hadamard_t hd; /* the Hadamard rows' rotation, din columns */
     fid_row_t *row;
     int nrows;
     fid_synth_t s;
@@ -149,8 +153,10 @@ void bench_fidelity_usage(FILE *f)
             "  whitened  gift_metric_whitened with the mean input covariance, damping %g\n"
             "  muon      ||NS5(Gh) - NS5(G)|| / ||NS5(G)|| (gift_metric_muon)\n"
             "  hits      fraction of codes that saturated or flushed to zero, over workers\n"
-            "for fp8-e4m3 and nvfp4, each Euclidean and GIFT at k = 8, 16, 32, 64, 128, 256\n"
-            "(those below din), k = din (full) and the default policy's k\n"
+            "for fp8-e4m3 and nvfp4, each Euclidean, Hadamard (T = D H: random signs and an\n"
+            "orthonormal Walsh-Hadamard transform on blocks of the largest power of two\n"
+            "dividing C, issue 42) and GIFT at k = 8, 16, 32, 64, 128, 256 (those below\n"
+            "din), k = din (full) and the default policy's k\n"
             "(gift_rank_default). 'vs e4m3' is the whitened error over Euclidean\n"
             "fp8-e4m3's. Targets: GIFT fp8-e4m3 at the default k <= %.1fx Euclidean fp8's\n"
             "whitened error; GIFT nvfp4 at full rank below Euclidean fp8's. Only the push\n"
@@ -585,10 +591,12 @@ static int fid_alloc(fid_state_t *st)
     st->Ghat = bench_alloc(st->N * sizeof(float));
     st->twork = bench_alloc(rows * (size_t)kmax * sizeof(float));
     st->payload = bench_alloc(st->cap);
-    st->nrows = 2 * (1 + st->ngeo);
+    st->nrows = 2 * (2 + st->ngeo); /* per format: Euclidean, Hadamard, the geometries */
     st->row = calloc((size_t)st->nrows, sizeof(*st->row));
     if (!st->G || !st->Gtrue || !st->A || !st->Ytmp || !st->swork || !st->P || !st->acc ||
-        !st->Ghat || !st->twork || !st->payload || !st->row)
+        !st->Ghat || !st->twork || !st->payload || !st->row ||
+        gift_hadamard_init(&st->hd, (uint32_t)st->din,
+                           gift_hadamard_seed("gift-bench fidelity", (uint32_t)st->o.seed, 0)) < 0)
         goto nomem;
     if (st->have_cov && (st->Aw = bench_alloc(W * din * din * sizeof(float))) == NULL)
         goto nomem;
@@ -639,6 +647,7 @@ static void fid_free(fid_state_t *st)
     free(st->s.sd);
     free(st->s.V);
     free(st->row);
+    gift_hadamard_free(&st->hd);
     free(st->payload);
     free(st->twork);
     free(st->Ghat);
@@ -885,6 +894,12 @@ static int run_codec(fid_state_t *st, fid_row_t *r)
                 return -1;
             }
             src = st->P;
+        } else if (r->hadamard) {
+            if ((rc = gift_hadamard_apply(&st->hd, 0, src, (size_t)st->rows, st->P)) < 0) {
+                fprintf(stderr, "gift-bench: gift_hadamard_apply: %s\n", gift_strerror(rc));
+                return -1;
+            }
+            src = st->P;
         }
         if ((rc = gift_encode(&p, src, st->N, st->payload, st->cap)) < 0) {
             fprintf(stderr, "gift-bench: gift_encode(%s, worker %d): %s\n", fname, w,
@@ -909,6 +924,11 @@ static int run_codec(fid_state_t *st, fid_row_t *r)
     if (g != NULL) {
         if ((rc = gift_transform(g, 1, st->acc, st->rows, st->Ghat, st->twork)) < 0) {
             fprintf(stderr, "gift-bench: gift_transform (inverse): %s\n", gift_strerror(rc));
+            return -1;
+        }
+    } else if (r->hadamard) {
+        if ((rc = gift_hadamard_apply(&st->hd, 1, st->acc, (size_t)st->rows, st->Ghat)) < 0) {
+            fprintf(stderr, "gift-bench: gift_hadamard_apply (inverse): %s\n", gift_strerror(rc));
             return -1;
         }
     } else {
@@ -972,6 +992,10 @@ static void row_label(const fid_state_t *st, const fid_row_t *r, char *buf, size
 {
     const fid_geo_t *g;
 
+    if (r->hadamard) {
+        snprintf(buf, cap, "hadamard b=%u", st->hd.block);
+        return;
+    }
     if (r->gi < 0) {
         snprintf(buf, cap, "euclidean");
         return;
@@ -997,7 +1021,7 @@ static int find_row(const fid_state_t *st, gift_format_t fmt, int want_default, 
 
         if (r->fmt != fmt)
             continue;
-        if (!want_default && !want_full && r->gi < 0)
+        if (!want_default && !want_full && r->gi < 0 && !r->hadamard)
             return i;
         if (r->gi >= 0 &&
             ((want_default && st->geo[r->gi].is_default) || (want_full && st->geo[r->gi].is_full)))
@@ -1097,9 +1121,12 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
 
         bench_json_obj(&j, NULL);
         bench_json_str(&j, "format", gift_format_name(r->fmt));
-        bench_json_str(&j, "transform", r->gi < 0 ? "euclidean" : "gift");
+        bench_json_str(&j, "transform",
+                       r->hadamard ? "hadamard" : r->gi < 0 ? "euclidean" : "gift");
         if (r->gi < 0) {
             bench_json_null(&j, "k");
+            if (r->hadamard)
+                bench_json_int(&j, "hadamard_block", st->hd.block);
         } else {
             bench_json_int(&j, "k", st->geo[r->gi].k);
             bench_json_bool(&j, "k_default", st->geo[r->gi].is_default);
@@ -1189,7 +1216,10 @@ int bench_fidelity_main(int argc, char **argv)
         fid_row_t *r = &st->row[i];
 
         r->fmt = i < st->nrows / 2 ? GIFT_FMT_E4M3 : GIFT_FMT_NVFP4;
-        r->gi = i % (st->nrows / 2) - 1;
+        r->gi = i % (st->nrows / 2) - 2; /* -2: Euclidean, -1: Hadamard */
+        r->hadamard = r->gi == -1;
+        if (r->gi < 0)
+            r->gi = -1;
         if (run_codec(st, r) < 0)
             goto out;
     }

@@ -5,12 +5,13 @@
 # holds every row asked for with finite, positive figures, and that bad
 # options fail with exit 2 and a message instead of running.
 #
-#  1. gift-bench codec --mib 2 --repeats 1: a row per format and transform;
+#  1. gift-bench codec --mib 2 --repeats 1: a row per format and transform
+#     (Euclidean, GIFT, Hadamard);
 #     again with --chunk-mib 1 (two calls per encode, as the client does):
 #     the same rows, and the same round-trip error for every format whose
 #     blocks do not cross the 1 MiB boundary (all but nvfp4, whose tensor
 #     scale is per call).
-#  2. gift-bench fidelity on a small synthetic layer: Euclidean and GIFT rows
+#  2. gift-bench fidelity on a small synthetic layer: Euclidean, Hadamard and GIFT rows
 #     of fp8-e4m3 and nvfp4, errors finite and in (0, 1); with the step's own
 #     batch sketched, full-rank GIFT fp8's whitened ratio within 15% of the
 #     relative-error prediction (fp8_oracle_whitened_ratio); with numpy,
@@ -52,7 +53,8 @@ import json, math, sys
 whole, chunked = (json.load(open(f)) for f in sys.argv[1:3])
 assert whole["chunk_mib"] == 0 and chunked["chunk_mib"] == 1, \
     f"chunk_mib {whole['chunk_mib']} / {chunked['chunk_mib']}, expected 0 / 1"
-want = {(f, t) for f in ("f32", "bf16", "fp8-e4m3", "fp8-e5m2", "nvfp4") for t in ("euclidean", "gift")}
+want = {(f, t) for f in ("f32", "bf16", "fp8-e4m3", "fp8-e5m2", "nvfp4")
+        for t in ("euclidean", "gift", "hadamard")}
 for j in (whole, chunked):
     rows = j["rows"]
     got = {(r["format"], r["transform"]) for r in rows}
@@ -75,7 +77,7 @@ import json, math, sys
 j = json.load(open(sys.argv[1]))
 rows = j["rows"]
 for fmt in ("fp8-e4m3", "nvfp4"):
-    for tr in ("euclidean", "gift"):
+    for tr in ("euclidean", "gift", "hadamard"):
         sel = [r for r in rows if r["format"] == fmt and r["transform"] == tr]
         assert sel, f"no {fmt} {tr} row"
         for r in sel:
