@@ -69,13 +69,46 @@ DIR/summary.json. --dump
 writes, at --dump-steps, each worker's local gradient and the input
 covariance X^T X / n of the --dump-layers (default: every nn.Linear) as raw
 float32 files for `gift-bench fidelity --grad ... --cov ...`.
+
+--checkpoint DIR makes a run resumable (examples/slurm/README.md, a Slurm job
+stopped and resubmitted): each worker saves DIR/worker-RANK.pt (model and
+optimiser state_dicts, the steps done, its sampler's and torch's RNG states;
+the LR schedule is a function of the step) after every --checkpoint-every N
+steps (default 1) and at the end, atomically (a temporary file, fsynced,
+os.replace); about 13 ms a save for the tiny model of the tests on a local
+disk, mostly the fsyncs. On SIGTERM a worker saves its last completed step
+and exits 143 at once, also in the middle of a step that the draining shards
+will not finish. When the files exist, the workers load them, print
+"resumed from step N" and continue at step N + 1, pushing with the shards'
+step numbers (gift.torch.GiftState start_step=N). The arguments that shape
+the run (--steps, --seed, the model, the schedule, --comm) must be the same;
+a different one stops the start. The shards, restored from their own
+checkpoints (giftd --checkpoint-steps, the same GIFT_RUN_ID and data_dir),
+hold every step a worker finished and keep the mean of their last two
+finished steps: a worker that saved step N has pulled it, and none can have
+finished N + 2 (every worker pushes N + 2 only after finishing N + 1), so a
+re-push of N + 1 is acknowledged as a duplicate and its pull answered with
+the kept mean. The workers agree on the step first: one a step behind the
+others (stopped after it pushed, before its pull came back) replays that step
+alone from the shards' kept mean. With N > 1 a worker killed without SIGTERM
+(SIGKILL, a lost node) loses up to N - 1 steps, further back than the shards
+keep: its resume is refused ("only steps ... are kept"). Resume is exact
+with --comm f32 (tested: the same losses as a run without the stop) or bf16,
+and with fp8/nvfp4 only with --no-ef --no-pull-ef: the error-feedback
+residuals (the worker's in libgiftclient, the shards' of the pulled mean) are
+not saved, so a resumed worker starts them at zero; the run then continues,
+not bit-for-bit. The GIFT geometry arms (-gift, auto-*) are not tested
+resuming; a worker restart needs a step that is not a sketch refresh step
+(docs/TROUBLESHOOTING.md, "Restarting one worker").
 """
 import argparse
 import glob
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 
 import torch
@@ -317,6 +350,101 @@ def netdev_bytes(dev):
     return tot
 
 
+# ---------------------------------------------------------------- checkpoint
+
+# What a worker's checkpoint must share with the run that resumes from it:
+# another schedule, model, data order or wire format would not continue it.
+CKPT_ARGS = ("steps", "warmup", "lr", "muon_lr", "lr_floor", "wd", "optim", "batch", "seq",
+             "dim", "layers", "heads", "seed", "comm", "no_ef", "no_pull_ef", "pull_codec")
+
+
+def save_checkpoint(path, done, model, opts, gen_state, world, args):
+    """This worker's state after `done` completed steps, written atomically to
+    path: a temporary file, fsynced, renamed over the old one, the folder
+    fsynced (a kill or a crash leaves the old file or the new one)."""
+    ck = {"format": 1, "step": done, "world": world,
+          "args": {k: getattr(args, k) for k in CKPT_ARGS},
+          "model": model.state_dict(), "opts": [o.state_dict() for o in opts],
+          "gen": gen_state, "torch_rng": torch.get_rng_state()}
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        torch.save(ck, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path, world, args):
+    """The checkpoint at path (a dict), or None when there is none; exits when
+    it belongs to another run (world size or a CKPT_ARGS argument differs)."""
+    if not os.path.exists(path):
+        return None
+    ck = torch.load(path, map_location="cpu")
+    if not isinstance(ck, dict) or ck.get("format") != 1:
+        sys.exit(f"train_llama: {path} is not a train_llama checkpoint (format 1)")
+    diff = [f"{ck['world']} workers, not {world}"] if ck["world"] != world else []
+    diff += [f"--{k.replace('_', '-')} {ck['args'].get(k)!r}, not {getattr(args, k)!r}"
+             for k in CKPT_ARGS if ck["args"].get(k) != getattr(args, k)]
+    if diff:
+        sys.exit(f"train_llama: {path} is from another run ({'; '.join(diff)}): resume with "
+                 "the arguments it was saved with, or give another --checkpoint folder")
+    return ck
+
+
+def replay_comm(state):
+    """The communication of a step that the other workers finished before the
+    stop (see main): every gradient push_pulled outside DDP at state.step.
+    The shards count the pushes as duplicates and answer the pulls with the
+    step's mean they kept, the one the other workers applied."""
+    step = state.step
+    ops = []
+    for tid, p in enumerate(state.params):
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        ops.append(state.client.push_pull(tid, step, p.grad))
+    for op in ops:
+        op.wait()
+    state.end_step()
+
+
+class TermWatch:
+    """SIGTERM with --checkpoint: the worker saves the state of its last
+    completed step (unless saved already) and exits 143, at once, from a
+    thread of its own: also while the main thread waits in a step that will
+    never finish (the shards drain on the same SIGTERM and stop reading, so
+    a step some worker had not pushed stays unfinished). The main thread
+    holds `lock` while it changes the model or the optimisers and while it
+    saves; outside it they hold the state after the last completed step
+    (a step in progress has only computed gradients). `save`, once set, is
+    a callable that saves and says what it did."""
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.lock = threading.Lock()
+        self.save = None
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        # Python's C-level handler writes the signal's number to w at once,
+        # whatever the main thread is doing; the Python handler does nothing.
+        signal.set_wakeup_fd(w)
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        threading.Thread(target=self._run, args=(r,), name="sigterm", daemon=True).start()
+
+    def _run(self, r):
+        while int(signal.SIGTERM) not in os.read(r, 64):
+            pass
+        with self.lock:
+            what = self.save() if self.save else "no step to save yet"
+            print(f"train_llama: rank {self.rank}: SIGTERM: {what}; exiting", flush=True)
+            sys.stderr.flush()
+            os._exit(143)
+
+
 # ---------------------------------------------------------------------- main
 
 def parse_args(argv=None):
@@ -370,6 +498,13 @@ def parse_args(argv=None):
                    help="codec of the pulled mean for every tensor (default: --comm's codec)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--out", help="folder for log.csv and summary.json (rank 0)")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="resume from and save to DIR/worker-RANK.pt (model, optimisers, step, "
+                        "data order); on SIGTERM save and exit 143 (train_llama.py's "
+                        "docstring says when a resume is exact)")
+    p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                   help="with --checkpoint, save after every N-th step (default 1: every "
+                        "step, which a resume after a SIGKILL needs) and at the end")
     p.add_argument("--dump", help="folder for gradient/covariance dumps")
     p.add_argument("--dump-steps", default="", help="comma-separated steps to dump at")
     p.add_argument("--dump-layers", default="all",
@@ -386,6 +521,8 @@ def parse_args(argv=None):
         p.error(f"--lr-floor {args.lr_floor}: a fraction of the peak, 0..1")
     if not 0 <= args.chunk_kib <= 1 << 20:
         p.error(f"--chunk-kib {args.chunk_kib}: 0 (the default) or 1..1048576 KiB")
+    if args.checkpoint_every < 1:
+        p.error(f"--checkpoint-every {args.checkpoint_every}: 1 or more")
     return args
 
 
@@ -426,6 +563,10 @@ def check_shard_policy(args, log):
 
 def main(argv=None):
     args = parse_args(argv)
+    # --checkpoint: a SIGTERM from here on saves (once there is a step to
+    # save) and exits 143 (TermWatch). `lock` guards the model and optimisers.
+    term = TermWatch(os.environ.get("RANK", "0")) if args.checkpoint else None
+    lock = term.lock if term else threading.Lock()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
@@ -452,6 +593,35 @@ def main(argv=None):
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)
     else:
         ddp = nn.parallel.DistributedDataParallel(model)
+    # Resume: this worker's checkpoint, loaded after DDP's broadcast of rank
+    # 0's initial weights (which would overwrite it). The workers stopped
+    # together (one SIGTERM) are at most one step apart: a worker finishes
+    # step n only once every worker has pushed it, which each does only after
+    # finishing (and saving) step n - 1. A worker one step behind replays that
+    # step alone (replay_comm): the shards keep the mean of their last two
+    # finished steps and answer it again.
+    ck, start, hi, ck_path = None, 0, 0, None
+    if args.checkpoint:
+        if term is not None:
+            term.rank = rank
+        os.makedirs(args.checkpoint, exist_ok=True)
+        ck_path = os.path.join(args.checkpoint, f"worker-{rank}.pt")
+        ck = load_checkpoint(ck_path, world, args)
+        mine = ck["step"] if ck else -1
+        t = torch.tensor([mine, -mine])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        hi, least = int(t[0]), -int(t[1])
+        if least < 0 < hi or hi - least > 1:
+            sys.exit(f"train_llama: the workers' checkpoints in {args.checkpoint} are at steps "
+                     f"{least if least >= 0 else 'none'}..{hi} (this rank: "
+                     f"{mine if ck else 'none'}): not one stop of one run, cannot resume")
+        if least < hi and args.comm in DDP_COMMS:
+            sys.exit(f"train_llama: the workers' checkpoints are at steps {least} and {hi}: "
+                     f"--comm {args.comm} keeps no mean to replay step {least + 1} from")
+        if ck is not None:
+            model.load_state_dict(ck["model"])
+            start = mine
+        hi = max(hi, 0)
     if args.comm in DDP_COMMS:
         state = None
         how = setup_ddp_comm(ddp, model, args)
@@ -465,12 +635,15 @@ def main(argv=None):
                                              else None,
                                              overrides={"*": {"pull_codec": args.pull_codec}}
                                              if args.pull_codec else None)
-        state = gift.torch.GiftState(model, policy=policy, seed=args.seed,
+        state = gift.torch.GiftState(model, policy=policy, seed=args.seed, start_step=start,
                                     timeout_ms=args.timeout_ms,
                                     chunk_bytes=args.chunk_kib * 1024)
         ddp.register_comm_hook(state, gift.torch.comm_hook)
         how = f"giftd, libgiftclient {gift.version()}"
     opts = make_optimizers(model, args)
+    if ck is not None:
+        for o, sd in zip(opts, ck["opts"]):
+            o.load_state_dict(sd)
     log(f"train_llama: {nparams / 1e6:.2f}M parameters, {world} workers, comm {args.comm}, "
         f"optim {args.optim}, {len(train) / 1e6:.1f} MB train / {len(val) / 1e6:.2f} MB val, "
         f"{how}")
@@ -481,6 +654,13 @@ def main(argv=None):
     shard = len(train) // world
     lo = rank * shard
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    if ck is not None:
+        gen.set_state(ck["gen"])
+        torch.set_rng_state(ck["torch_rng"])
+        if not args.quiet:
+            print(f"train_llama: rank {rank} resumed from step {start} ({ck_path})"
+                  + (f"; replaying step {start + 1}, which the other workers finished"
+                     if start < hi else ""), flush=True)
     # Validation: fixed windows (the same for every seed), split over the ranks.
     vgen = torch.Generator().manual_seed(12345)
     vstarts = torch.randint(0, len(val) - args.seq - 1, (args.val_batches * args.batch,),
@@ -530,12 +710,29 @@ def main(argv=None):
     csv = None
     if args.out and rank == 0:
         os.makedirs(args.out, exist_ok=True)
-        csv = open(os.path.join(args.out, "log.csv"), "w", buffering=1)  # line-buffered
-        csv.write("step,train_loss,val_loss,wire_bytes,step_s,lr_factor,cpu_s,netdev_bytes,"
-                  "train_s\n")
+        path = os.path.join(args.out, "log.csv")
+        again = start > 0 and os.path.exists(path)  # a resumed run adds its rows
+        csv = open(path, "a" if again else "w", buffering=1)  # line-buffered
+        if not again:
+            csv.write("step,train_loss,val_loss,wire_bytes,step_s,lr_factor,cpu_s,netdev_bytes,"
+                      "train_s\n")
     val_loss = None
     train_s = 0.0  # wall time in training steps (validation excluded)
-    for step in range(args.steps):
+    # --checkpoint: `done` steps completed, ck_gen the sampler's state after
+    # them, `saved` the step of the file (TermWatch saves through save_now).
+    done, saved, ck_gen = start, (start if ck is not None else None), gen.get_state()
+
+    def save_now():
+        nonlocal saved
+        if saved == done:
+            return f"step {done} is saved in {ck_path}"
+        save_checkpoint(ck_path, done, model, opts, ck_gen, world, args)
+        saved = done
+        return f"saved step {done} to {ck_path}"
+
+    if term is not None:
+        term.save = save_now
+    for step in range(start, args.steps):
         t0 = time.perf_counter()
         c0 = time.process_time()
         n0 = netdev_bytes(args.netdev)
@@ -546,12 +743,29 @@ def main(argv=None):
                 g["lr"] = g["peak_lr"] * f
         starts = lo + torch.randint(0, shard - args.seq - 1, (args.batch,), generator=gen)
         x, y = batch(train, starts, args.seq)
-        loss = F.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
-        for o in opts:
-            o.zero_grad(set_to_none=True)
-        loss.backward()
-        for o in opts:
-            o.step()
+        if step < hi:
+            # A step the other workers finished before the stop (see the
+            # resume above): its mean from the shards, without DDP, whose
+            # collectives they would not join.
+            with ddp.no_sync():
+                loss = F.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
+                for o in opts:
+                    o.zero_grad(set_to_none=True)
+                loss.backward()
+            replay_comm(state)
+        else:
+            loss = F.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
+            for o in opts:
+                o.zero_grad(set_to_none=True)
+            loss.backward()
+        with lock:
+            for o in opts:
+                o.step()
+            done, ck_gen = step + 1, gen.get_state() if args.checkpoint else None
+            if args.checkpoint and (done % args.checkpoint_every == 0 or done == args.steps):
+                save_now()
+        if step < hi:
+            continue
         wire = state.wire_bytes() - b0 if state else None
         # Read before the loss all_reduce below: only the gradients' traffic.
         nd = netdev_bytes(args.netdev) - n0 if args.netdev else None
@@ -591,20 +805,26 @@ def main(argv=None):
                       f"{'' if nd is None else nd},{train_s:.4f}\n")
         if stop.item():
             log(f"train_llama: --time-limit {args.time_limit} s reached at step {step + 1}")
+            if args.checkpoint:
+                with lock:
+                    save_now()
             break
     elapsed = time.perf_counter() - t_start
+    if val_loss is None:  # no step run here: resumed from the last step's checkpoint
+        val_loss = evaluate()
     stats = state.stats() if state else {"epochs_switched": 0}
     summary = {
         "comm": args.comm, "pull_codec": args.pull_codec,
         "pull_ef": not args.no_pull_ef, "optim": args.optim, "seed": args.seed, "steps": args.steps,
         "world": world, "params": nparams, "final_val_loss": val_loss,
-        "final_train_loss": sum(r[0] for r in rows[-10:]) / min(10, len(rows)),
+        "final_train_loss": sum(r[0] for r in rows[-10:]) / min(10, len(rows))
+        if rows else None,
         "wire_bytes_per_step": sum(r[1] for r in rows[1:]) / max(1, len(rows) - 1)
         if state else None,
         "netdev_bytes_per_step": sum(r[4] for r in rows[1:]) / max(1, len(rows) - 1)
         if args.netdev else None,
         "cpu_s_per_step": sum(r[3] for r in rows[1:]) / max(1, len(rows) - 1),
-        "steps_done": len(rows), "train_s": train_s,
+        "steps_done": len(rows), "start_step": start, "train_s": train_s,
         "steps_per_s": len(rows) / elapsed, "epochs_switched": stats["epochs_switched"],
         "geometry_tensors": [t.name for t in state.tensors if t.geometry] if state else [],
         "hadamard_tensors": [t.name for t in state.tensors if t.hadamard] if state else [],
