@@ -705,6 +705,36 @@ int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, flo
     return rc;
 }
 
+int gift_encode_slices(const gift_codec_params_t *p, size_t n, size_t slice, gift_slice_fn fill,
+                       void *ctx, void *payload, size_t cap)
+{
+    _Alignas(64) float tmp[MEAN_SLICE];
+    float *buf = tmp;
+    gift_layout_t l;
+    const gift__kernels_t *k = kernels();
+    uint8_t *out = payload;
+    int rc;
+
+    if (p == NULL || fill == NULL || slice == 0 || p->stochastic)
+        return GIFT_EINVAL;
+    if (p->fmt == GIFT_FMT_NVFP4)
+        return GIFT_EFORMAT; /* its tensor scale needs the whole input first */
+    if ((rc = encode_begin(p, (const float *)payload, n, payload, cap, &l)) < 0)
+        return rc;
+    if (l.block > 0 && slice % l.block != 0)
+        return GIFT_EINVAL;
+    if (slice > MEAN_SLICE && (buf = malloc(slice * sizeof(float))) == NULL)
+        return GIFT_ENOMEM;
+    for (size_t i = 0; i < n && rc == 0; i += slice) {
+        size_t len = n - i < slice ? n - i : slice;
+        if ((rc = fill(ctx, i, len, buf)) == 0)
+            rc = encode_slice(k, p, &l, buf, i, len, out);
+    }
+    if (buf != tmp)
+        free(buf);
+    return rc;
+}
+
 /* Checks scales and codes of a payload; 0 when every value is finite. */
 static int payload_check(const gift_codec_params_t *p, const gift_layout_t *l, const uint8_t *in)
 {

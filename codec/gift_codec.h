@@ -179,6 +179,19 @@ int gift_decode_encode_mean_ef(const gift_codec_params_t *push, const void *payl
                                const float *acc, size_t n, float scale,
                                const gift_codec_params_t *pull, float *e, void *out, size_t cap);
 
+/* The bytes gift_encode gives for n floats that fill writes, slice by slice
+ * (fill(ctx, i, len, buf): elements [i, i + len) into buf; 0 or an error,
+ * which is returned), each slice encoded while it is in cache: an input
+ * transformed on the way (gift_hadamard_encode) is never written whole.
+ * slice is a multiple of the fp8 block. f32, bf16 and fp8, round to nearest
+ * only (p->stochastic: GIFT_EINVAL); nvfp4, whose tensor scale needs the
+ * whole input, gives GIFT_EFORMAT with nothing written. Slices above 4096
+ * elements need one temporary allocation per call. Otherwise returns as
+ * gift_encode. */
+typedef int (*gift_slice_fn)(void *ctx, size_t i, size_t len, float *buf);
+int gift_encode_slices(const gift_codec_params_t *p, size_t n, size_t slice, gift_slice_fn fill,
+                       void *ctx, void *payload, size_t cap);
+
 /* Decodes a payload of n elements into out. Checks every scale and code first:
  * NaN/Inf codes or non-finite/negative scales give GIFT_EBADCODE and out is
  * left untouched. len is the payload size (at least layout.total - padding of
@@ -427,6 +440,14 @@ void gift_hadamard_free(gift_hadamard_t *h);
  * whole rows transforms on its own. Allocates nothing. 0 or GIFT_EINVAL. */
 int gift_hadamard_apply(const gift_hadamard_t *h, int inverse, const float *in, size_t rows,
                         float *out);
+/* gift_encode of the rows x h->cols input rotated (H D, as gift_hadamard_apply
+ * with inverse 0), without writing the rotated tensor: slices of whole
+ * Hadamard blocks are rotated and encoded while in cache
+ * (gift_encode_slices). Same bytes as the two steps. f32, bf16 and fp8 with
+ * round to nearest; nvfp4 or stochastic rounding give GIFT_EFORMAT, nothing
+ * written (take the two steps). Returns as gift_encode. */
+int gift_hadamard_encode(const gift_codec_params_t *p, const gift_hadamard_t *h, const float *x,
+                         size_t rows, void *payload, size_t cap);
 /* The orthonormal transform of one block of b floats in place (b a power of
  * two), no signs, scalar: the reference the tests and benchmarks compare. */
 void gift_fwht(float *x, uint32_t b);

@@ -362,6 +362,48 @@ static block_fn pick(uint32_t b)
 }
 #endif
 
+/* Elements [i, i + len) of x rotated into buf: whole blocks (i and len
+ * multiples of the block), the signs of their columns. */
+typedef struct enc_ctx {
+    const gift_hadamard_t *h;
+    const float *x;
+    block_fn fn;
+} enc_ctx_t;
+
+static int enc_fill(void *arg, size_t i, size_t len, float *buf)
+{
+    const enc_ctx_t *c = arg;
+    uint32_t b = c->h->block;
+    for (size_t o = 0; o < len; o += b)
+        c->fn(c->x + i + o, c->h->signs + (i + o) % c->h->cols, NULL, buf + o, b, c->h->scale);
+    return 0;
+}
+
+int gift_hadamard_encode(const gift_codec_params_t *p, const gift_hadamard_t *h, const float *x,
+                         size_t rows, void *payload, size_t cap)
+{
+    enc_ctx_t c;
+    gift_layout_t l;
+    size_t n, slice;
+    int rc;
+    if (p == NULL || h == NULL || h->signs == NULL || (rows > 0 && x == NULL))
+        return GIFT_EINVAL;
+    if (p->fmt == GIFT_FMT_NVFP4 || p->stochastic)
+        return GIFT_EFORMAT;
+    if ((rc = gift_layout(p, 1, &l)) < 0)
+        return rc;
+    n = rows * h->cols;
+    /* Whole blocks of both kinds (powers of two: the larger is a multiple of
+     * the smaller), about 4096 floats: 16 KiB, in L1 while it is encoded. */
+    slice = h->block > l.block ? h->block : (l.block ? l.block : 1);
+    while (slice < 4096 && slice * 2 <= n)
+        slice *= 2;
+    c.h = h;
+    c.x = x;
+    c.fn = pick(h->block);
+    return gift_encode_slices(p, n, slice, enc_fill, &c, payload, cap);
+}
+
 int gift_hadamard_apply(const gift_hadamard_t *h, int inverse, const float *in, size_t rows,
                         float *out)
 {
