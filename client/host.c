@@ -129,6 +129,14 @@ static int encode_one(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uin
     gift_codec_params_t cp = ps->push;
     uint8_t *pay = ps->payload + ch->push_off;
     int rc;
+    if (ps->tsrc != NULL && w->hadamard && !w->ef_on && !cp.stochastic &&
+        cp.fmt != GIFT_FMT_NVFP4) {
+        /* Rotated and encoded slice by slice in one walk, the rotated chunk
+         * never written (the same bytes as the two steps). */
+        GIFT__PASS(c, GIFT_PASS_ENCODE, ch->n);
+        return gift_hadamard_encode(&cp, &w->hd, ps->tsrc + ch->off, ch->rows, pay,
+                                    gift__ps_push_len(ps, ch));
+    }
     if (ps->tsrc != NULL &&
         (rc = chunk_transform(c, w, ps->tg != NULL ? &ps->tg->g : NULL, 0, ch, ps->tsrc, w->p,
                               scratch)) < 0)
