@@ -117,7 +117,9 @@ void bench_codec_usage(FILE *f)
             "             decode = gift_decode + gift_transform(T^-1)\n"
             "  hadamard   the same (n / D) x D rows, random signs and an orthonormal\n"
             "             Walsh-Hadamard transform on blocks of the largest power of two\n"
-            "             dividing D (issue 42): encode = gift_hadamard_apply + gift_encode,\n"
+            "             dividing D (issue 42): encode = gift_hadamard_encode (rotated and\n"
+            "             encoded slice by slice in one walk; nvfp4: gift_hadamard_apply, then\n"
+            "             gift_encode),\n"
             "             decode = gift_decode + gift_hadamard_apply(inverse) in place, per\n"
             "             call (with --chunk-mib, each chunk rotated just before its encode and\n"
             "             after its decode, as libgiftclient does)\n"
@@ -321,10 +323,20 @@ static int run_encode(codec_bufs_t *b, const gift_codec_params_t *p, int gift)
         src = b->t; /* each call's rows rotated just before their encode, as the client does */
     }
     for (size_t i = 0, c = 0; i < b->n; i += b->chunk_n, c++) {
-        if (gift == TR_HADAMARD &&
-            (rc = gift_hadamard_apply(&b->hd, 0, b->x + i, b->chunk_n / (size_t)b->din,
-                                      b->t + i)) < 0)
-            return rc;
+        if (gift == TR_HADAMARD) {
+            /* As libgiftclient: rotated and encoded in one walk where the
+             * format allows it (round to nearest, not nvfp4), else in two. */
+            rc = gift_hadamard_encode(p, &b->hd, b->x + i, b->chunk_n / (size_t)b->din,
+                                      (char *)b->payload + c * b->chunk_cap, b->chunk_cap);
+            if (rc != GIFT_EFORMAT) {
+                if (rc < 0)
+                    return rc;
+                continue;
+            }
+            if ((rc = gift_hadamard_apply(&b->hd, 0, b->x + i, b->chunk_n / (size_t)b->din,
+                                          b->t + i)) < 0)
+                return rc;
+        }
         if ((rc = gift_encode(p, src + i, b->chunk_n, (char *)b->payload + c * b->chunk_cap,
                               b->chunk_cap)) < 0)
             return rc;
