@@ -231,20 +231,56 @@ static void AVX2 block_avx2(const float *in, const uint32_t *sf, const uint32_t 
                             uint32_t b, float s)
 {
     const __m256 vs = _mm256_set1_ps(s);
-    for (uint32_t i = 0; i < b; i += 8) {
-        __m256 x = _mm256_loadu_ps(in + i);
-        if (sf != NULL)
-            x = _mm256_castsi256_ps(_mm256_xor_si256(
-                _mm256_castps_si256(x), _mm256_loadu_si256((const __m256i *)(sf + i))));
-        x = stages8(x);
-        if (b == 8)
-            x = fin8(x, vs, si ? si + i : NULL);
-        _mm256_storeu_ps(out + i, x);
+    uint32_t first = 8;
+#define LOAD8(i)                                                                                   \
+    (sf != NULL                                                                                    \
+         ? _mm256_castsi256_ps(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(in + (i))),   \
+                                                _mm256_loadu_si256((const __m256i *)(sf + (i)))))  \
+         : _mm256_loadu_ps(in + (i)))
+    if (b >= 64) {
+        /* The in-register stages and the stages 8, 16, 32 in one pass over
+         * each 64-float group (as the AVX-512 path does with 128). */
+        int last = b == 64;
+        for (uint32_t i = 0; i < b; i += 64) {
+            __m256 x0 = stages8(LOAD8(i)), x1 = stages8(LOAD8(i + 8));
+            __m256 x2 = stages8(LOAD8(i + 16)), x3 = stages8(LOAD8(i + 24));
+            __m256 x4 = stages8(LOAD8(i + 32)), x5 = stages8(LOAD8(i + 40));
+            __m256 x6 = stages8(LOAD8(i + 48)), x7 = stages8(LOAD8(i + 56));
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x0, x1);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x2, x3);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x4, x5);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x6, x7);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x0, x2);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x1, x3);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x4, x6);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x5, x7);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x0, x4);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x1, x5);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x2, x6);
+            BFLY(__m256, _mm256_add_ps, _mm256_sub_ps, x3, x7);
+            _mm256_storeu_ps(out + i, last ? fin8(x0, vs, si ? si + i : NULL) : x0);
+            _mm256_storeu_ps(out + i + 8, last ? fin8(x1, vs, si ? si + i + 8 : NULL) : x1);
+            _mm256_storeu_ps(out + i + 16, last ? fin8(x2, vs, si ? si + i + 16 : NULL) : x2);
+            _mm256_storeu_ps(out + i + 24, last ? fin8(x3, vs, si ? si + i + 24 : NULL) : x3);
+            _mm256_storeu_ps(out + i + 32, last ? fin8(x4, vs, si ? si + i + 32 : NULL) : x4);
+            _mm256_storeu_ps(out + i + 40, last ? fin8(x5, vs, si ? si + i + 40 : NULL) : x5);
+            _mm256_storeu_ps(out + i + 48, last ? fin8(x6, vs, si ? si + i + 48 : NULL) : x6);
+            _mm256_storeu_ps(out + i + 56, last ? fin8(x7, vs, si ? si + i + 56 : NULL) : x7);
+        }
+        first = 64;
+    } else {
+        for (uint32_t i = 0; i < b; i += 8) {
+            __m256 x = stages8(LOAD8(i));
+            if (b == 8)
+                x = fin8(x, vs, si ? si + i : NULL);
+            _mm256_storeu_ps(out + i, x);
+        }
     }
+#undef LOAD8
     {
         float *o = out;
         WIDE_STAGES(__m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps, _mm256_sub_ps,
-                    fin8, 8u)
+                    fin8, first)
     }
 }
 
