@@ -84,9 +84,9 @@ typedef struct cl_opts {
     const char *servers; /* NULL: start our own shards */
     uint64_t step0;
     uint64_t seed;
-    int pull_ef; /* --pull-ef: every row tensor declared with pull_error_feedback */
-    int inplace; /* --inplace: gift_push_pull(grad, grad), as gift.torch calls it */
-    int ef;      /* --ef: every row tensor declared with error_feedback */
+    int pull_ef;        /* --pull-ef: every row tensor declared with pull_error_feedback */
+    int inplace;        /* --inplace: gift_push_pull(grad, grad), as gift.torch calls it */
+    int ef;             /* --ef: every row tensor declared with error_feedback */
     long codec_threads; /* --codec-threads: gift_client_opts_t.codec_threads */
 } cl_opts_t;
 
@@ -110,10 +110,10 @@ typedef struct cl_row {
     int nsteps; /* measured steps, per worker (the same on all) */
     double goodput[CL_MAX_WORKERS], wire[CL_MAX_WORKERS];
     double goodput_mean, goodput_min, wire_mean, p50_ms, p99_ms;
-    double cpu_w[CL_MAX_WORKERS]; /* each worker's CPU seconds per measured step */
+    double cpu_w[CL_MAX_WORKERS];      /* each worker's CPU seconds per measured step */
     double measured_s[CL_MAX_WORKERS]; /* each worker's wall time of its measured steps */
-    double worker_cpu_ms;         /* their mean, ms per step */
-    double shard_cpu_ms;          /* all shards together, ms per step (NAN: not ours) */
+    double worker_cpu_ms;              /* their mean, ms per step */
+    double shard_cpu_ms;               /* all shards together, ms per step (NAN: not ours) */
     /* Per-byte costs (NAN where not measured). Worker figures pool every
      * worker: sums of the counters' deltas over their measured steps. */
     double w_io_ns, w_payload, w_fp32, w_pass[GIFT_PASS_KINDS]; /* sums; w_fp32: list B x steps */

@@ -59,17 +59,17 @@ typedef struct codec_opts {
     long k;
     uint64_t seed;
     const char *json;
-    int simd; /* -1: leave the default path */
-    int gpu;          /* --gpu: the CUDA twins on device 0 */
-    int repeats_set;  /* --repeats given */
-    int json_set;     /* --json given */
+    int simd;        /* -1: leave the default path */
+    int gpu;         /* --gpu: the CUDA twins on device 0 */
+    int repeats_set; /* --repeats given */
+    int json_set;    /* --json given */
 } codec_opts_t;
 
 /* One benchmark row: a format under one transform. */
 typedef struct codec_row {
     gift_format_t fmt;
-    int gift;          /* TR_EUCLIDEAN, TR_GIFT or TR_HADAMARD */
-    int target_enc;    /* the target is on the encode alone */
+    int gift;       /* TR_EUCLIDEAN, TR_GIFT or TR_HADAMARD */
+    int target_enc; /* the target is on the encode alone */
     size_t payload_bytes;
     double enc_s[CODEC_MAX_REPEATS];
     double dec_s[CODEC_MAX_REPEATS];
@@ -154,8 +154,7 @@ void bench_codec_usage(FILE *f)
             "                 %s/codec_gpu.json)\n"
             "  --help         this text\n",
             TARGET_E4M3, TARGET_NVFP4, TARGET_HADAMARD_E4M3, TARGET_GPU_E4M3, TARGET_GPU_NVFP4,
-            BENCH_OUT_DIR,
-            BENCH_OUT_DIR);
+            BENCH_OUT_DIR, BENCH_OUT_DIR);
 }
 
 static int parse_opts(int argc, char **argv, codec_opts_t *o)
@@ -653,9 +652,9 @@ typedef struct gpu_bench {
     cudaEvent_t ev0, ev1;
     size_t n, cap;
     int rows, din;
-    float *x, *out;           /* host: input, CPU decode */
-    uint8_t *pay, *pay_g;     /* host: CPU payload, GPU payload */
-    float *out_g;             /* host: GPU decode */
+    float *x, *out;       /* host: input, CPU decode */
+    uint8_t *pay, *pay_g; /* host: CPU payload, GPU payload */
+    float *out_g;         /* host: GPU decode */
     float *x_d, *t_d, *out_d, *w_d;
     uint8_t *pay_d;
 } gpu_bench_t;
@@ -755,8 +754,8 @@ static int gpu_row(gpu_bench_t *g, gpu_row_t *row, long repeats)
         gpu_run(g, GPU_ENCODE, &p, l.total, NULL) < 0 ||
         gpu_run(g, GPU_DECODE, &p, l.total, NULL) < 0 ||
         gpu_gift_ok(g, gift_gpu_sync(g->ctx), name) < 0 ||
-        gpu_cuda_ok(cudaMemcpy(g->pay_g, g->pay_d, l.total, cudaMemcpyDeviceToHost),
-                    "copy back") < 0 ||
+        gpu_cuda_ok(cudaMemcpy(g->pay_g, g->pay_d, l.total, cudaMemcpyDeviceToHost), "copy back") <
+            0 ||
         gpu_cuda_ok(cudaMemcpy(g->out_g, g->out_d, g->n * sizeof(float), cudaMemcpyDeviceToHost),
                     "copy back") < 0)
         return -1;

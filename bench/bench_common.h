@@ -87,17 +87,34 @@ typedef struct bench_opt {
 } bench_opt_t;
 
 /* Table entries. */
-#define BENCH_FLAG(n, d) {.name = (n), .kind = BENCH_OPT_FLAG, .dst = (d)}
-#define BENCH_LONG(n, d, l, h) {.name = (n), .kind = BENCH_OPT_LONG, .dst = (d), .lo = (l), .hi = (h)}
-#define BENCH_U64(n, d) {.name = (n), .kind = BENCH_OPT_U64, .dst = (d)}
+#define BENCH_FLAG(n, d)                                                                           \
+    {                                                                                              \
+        .name = (n), .kind = BENCH_OPT_FLAG, .dst = (d)                                            \
+    }
+#define BENCH_LONG(n, d, l, h)                                                                     \
+    {                                                                                              \
+        .name = (n), .kind = BENCH_OPT_LONG, .dst = (d), .lo = (l), .hi = (h)                      \
+    }
+#define BENCH_U64(n, d)                                                                            \
+    {                                                                                              \
+        .name = (n), .kind = BENCH_OPT_U64, .dst = (d)                                             \
+    }
 #define BENCH_DOUBLE(n, d, l, h)                                                                   \
-    {.name = (n), .kind = BENCH_OPT_DOUBLE, .dst = (d), .dlo = (l), .dhi = (h)}
+    {                                                                                              \
+        .name = (n), .kind = BENCH_OPT_DOUBLE, .dst = (d), .dlo = (l), .dhi = (h)                  \
+    }
 #define BENCH_LONG_SET(n, d, l, h, given)                                                          \
-    {.name = (n), .kind = BENCH_OPT_LONG, .dst = (d), .lo = (l), .hi = (h), .set = (given)}
+    {                                                                                              \
+        .name = (n), .kind = BENCH_OPT_LONG, .dst = (d), .lo = (l), .hi = (h), .set = (given)      \
+    }
 #define BENCH_STR_SET(n, d, what, given)                                                           \
-    {.name = (n), .kind = BENCH_OPT_STR, .dst = (d), .need = (what), .set = (given)}
+    {                                                                                              \
+        .name = (n), .kind = BENCH_OPT_STR, .dst = (d), .need = (what), .set = (given)             \
+    }
 #define BENCH_STR(n, d, what, ne)                                                                  \
-    {.name = (n), .kind = BENCH_OPT_STR, .dst = (d), .need = (what), .nonempty = (ne)}
+    {                                                                                              \
+        .name = (n), .kind = BENCH_OPT_STR, .dst = (d), .need = (what), .nonempty = (ne)           \
+    }
 
 /* If argv[*i] names an option of the table t (n entries), stores its value
  * (argv[*i + 1], and *i moves past it) and returns 1; returns 0 when it names
@@ -119,7 +136,7 @@ void bench_json_open(bench_json_t *j, FILE *f); /* writes the opening '{' */
  * closes the object and the file), or NULL with perror(path) said. */
 FILE *bench_json_begin(bench_json_t *j, const char *path, const char *benchmark,
                        const char *version_key, const char *version, const char *date);
-void bench_json_close(bench_json_t *j);         /* writes the closing '}' and newline */
+void bench_json_close(bench_json_t *j); /* writes the closing '}' and newline */
 void bench_json_obj(bench_json_t *j, const char *key);
 void bench_json_obj_end(bench_json_t *j);
 void bench_json_arr(bench_json_t *j, const char *key);

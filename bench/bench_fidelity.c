@@ -84,7 +84,7 @@ typedef struct fid_geo {
 /* One codec under test and its results. */
 typedef struct fid_row {
     gift_format_t fmt;
-    int gi; /* -1: Euclidean or Hadamard, else index into the geometries */
+    int gi;       /* -1: Euclidean or Hadamard, else index into the geometries */
     int hadamard; /* 1: the Hadamard treatment (gi == -1) */
     double rel_l2, cosine, whitened, muon, whit_ratio;
     gift_hits_t hits; /* summed over workers */
@@ -131,7 +131,7 @@ typedef struct fid_state {
     int nrows;
     fid_synth_t s;
     double t_data, t_geometry, t_codecs;
-    double fp8_oracle; /* fp8_oracle_ratio */
+    double fp8_oracle;               /* fp8_oracle_ratio */
     double norm_muon, norm_whitened; /* ||NS5(Gtrue)||, ||Gtrue L||: true_norms */
 } fid_state_t;
 
@@ -230,8 +230,7 @@ void bench_fidelity_usage(FILE *f)
             "not the targets pass.\n",
             GIFT_DAMPING_DEFAULT, FID_TARGET_FP8, GIFT_DAMPING_DEFAULT, GIFT_OVERSAMPLE_DEFAULT,
             FID_STUDENT_NU, FID_OUTLIERS_DEFAULT, GIFT_FP8_BLOCK_DEFAULT, GIFT_DAMPING_DEFAULT,
-            GIFT_DAMPING_DEFAULT, FID_OUTLIERS_DEFAULT,
-            BENCH_OUT_DIR);
+            GIFT_DAMPING_DEFAULT, FID_OUTLIERS_DEFAULT, BENCH_OUT_DIR);
 }
 
 static int parse_opts(int argc, char **argv, fid_opts_t *o)
@@ -813,8 +812,7 @@ static int build_geometries(fid_state_t *st)
             double b = st->o.geo_plain ? st->o.geo_decay
                                        : gift_geometry_decay_at(st->o.geo_decay, g->g.epoch);
 
-            if ((rc = gift_geometry_update_decay(&g->g, g->Ysum, g->trsum, st->o.damping,
-                                                 b)) < 0) {
+            if ((rc = gift_geometry_update_decay(&g->g, g->Ysum, g->trsum, st->o.damping, b)) < 0) {
                 fprintf(stderr, "gift-bench: gift_geometry_update (k %d, round %ld): %s\n", g->k,
                         round + 1, gift_strerror(rc));
                 return -1;
@@ -974,10 +972,10 @@ static int data_figures(fid_state_t *st)
         s += ns[i] * ns[i];
     free(ns);
     st->norm_muon = sqrt(s);
-    st->fp8_oracle = gift_metric_fp8_oracle(st->G, st->W, st->rows, st->din, st->A,
-                                            GIFT_DAMPING_DEFAULT);
-    st->norm_whitened = gift_metric_whitened_norm(st->Gtrue, st->rows, st->din, st->A,
-                                                  GIFT_DAMPING_DEFAULT);
+    st->fp8_oracle =
+        gift_metric_fp8_oracle(st->G, st->W, st->rows, st->din, st->A, GIFT_DAMPING_DEFAULT);
+    st->norm_whitened =
+        gift_metric_whitened_norm(st->Gtrue, st->rows, st->din, st->A, GIFT_DAMPING_DEFAULT);
     if (st->fp8_oracle < 0.0 || st->norm_whitened < 0.0) {
         fprintf(stderr, "gift-bench: fp8 oracle / whitened norm: %s\n",
                 gift_strerror((int)(st->fp8_oracle < 0.0 ? st->fp8_oracle : st->norm_whitened)));
@@ -1122,7 +1120,9 @@ static int write_json(const fid_state_t *st, double wall, const char *date, cons
         bench_json_obj(&j, NULL);
         bench_json_str(&j, "format", gift_format_name(r->fmt));
         bench_json_str(&j, "transform",
-                       r->hadamard ? "hadamard" : r->gi < 0 ? "euclidean" : "gift");
+                       r->hadamard ? "hadamard"
+                       : r->gi < 0 ? "euclidean"
+                                   : "gift");
         if (r->gi < 0) {
             bench_json_null(&j, "k");
             if (r->hadamard)

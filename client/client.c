@@ -162,10 +162,14 @@ void gift_client_stats(gift_client_t *c, gift_client_stats_t *out)
 }
 
 static const char *const pass_names[GIFT_PASS_KINDS] = {
-    [GIFT_PASS_ENCODE] = "encode",     [GIFT_PASS_DECODE] = "decode",
-    [GIFT_PASS_ACCUMULATE] = "accumulate", [GIFT_PASS_FUSED] = "fused",
-    [GIFT_PASS_COPY] = "copy",         [GIFT_PASS_CHECK] = "check",
-    [GIFT_PASS_RESIDUAL] = "residual", [GIFT_PASS_TRANSFORM] = "transform",
+    [GIFT_PASS_ENCODE] = "encode",
+    [GIFT_PASS_DECODE] = "decode",
+    [GIFT_PASS_ACCUMULATE] = "accumulate",
+    [GIFT_PASS_FUSED] = "fused",
+    [GIFT_PASS_COPY] = "copy",
+    [GIFT_PASS_CHECK] = "check",
+    [GIFT_PASS_RESIDUAL] = "residual",
+    [GIFT_PASS_TRANSFORM] = "transform",
 };
 
 const char *gift_pass_name(int kind)
@@ -373,8 +377,7 @@ static int config_numbers(gift_client_t *c, const gift_client_opts_t *o)
     int got;
 
     rank = o->rank >= 0 ? o->rank : parse_uint(env2("GIFT_RANK", "RANK"), 65535);
-    world = o->world_size > 0 ? o->world_size
-                              : parse_uint(env2("GIFT_WORLD", "WORLD_SIZE"), 65536);
+    world = o->world_size > 0 ? o->world_size : parse_uint(env2("GIFT_WORLD", "WORLD_SIZE"), 65536);
     if (rank < 0 || world < 1 || world > 65536 || rank >= world)
         return GIFT_EINVAL;
     c->rank = (int)rank;
@@ -401,8 +404,9 @@ static int config_numbers(gift_client_t *c, const gift_client_opts_t *o)
     c->seed = o->seed ? o->seed : 1;
     if (o->codec_threads != -1) {
         if (o->codec_threads < 0 || o->codec_threads > GIFT__CODEC_THREADS_MAX) {
-            fprintf(stderr, "giftclient: opts.codec_threads %d: want 0..%d, or -1 for "
-                            "$GIFT_CODEC_THREADS\n",
+            fprintf(stderr,
+                    "giftclient: opts.codec_threads %d: want 0..%d, or -1 for "
+                    "$GIFT_CODEC_THREADS\n",
                     o->codec_threads, GIFT__CODEC_THREADS_MAX);
             return GIFT_EINVAL;
         }
@@ -428,8 +432,7 @@ static int config_names(gift_client_t *c, const gift_client_opts_t *o)
     v = o->run_id != NULL ? o->run_id : getenv("GIFT_RUN_ID");
     if (v != NULL && strlen(v) >= sizeof c->run_id) {
         fprintf(stderr, "giftclient: run id (%s) of %zu bytes; at most %zu are allowed\n",
-                o->run_id != NULL ? "opts.run_id" : "GIFT_RUN_ID", strlen(v),
-                sizeof c->run_id - 1);
+                o->run_id != NULL ? "opts.run_id" : "GIFT_RUN_ID", strlen(v), sizeof c->run_id - 1);
         return GIFT_EINVAL;
     }
     snprintf(c->run_id, sizeof c->run_id, "%s", v != NULL ? v : "");
@@ -454,8 +457,10 @@ static int config_auth(gift_client_t *c, const gift_client_opts_t *o)
     if (warn[0])
         fprintf(stderr, "giftclient: warning: %s\n", warn);
     if (c->auth->rank_bound && c->auth->rank != (uint32_t)c->rank) {
-        fprintf(stderr, "giftclient: auth key file %s is rank %u's key; this worker is rank "
-                "%d\n", v, c->auth->rank, c->rank);
+        fprintf(stderr,
+                "giftclient: auth key file %s is rank %u's key; this worker is rank "
+                "%d\n",
+                v, c->auth->rank, c->rank);
         return GIFT_EAUTH;
     }
     return 0;
@@ -708,8 +713,8 @@ static int build_declares(gift_client_t *c)
         td[i].refresh = w->geometry ? w->refresh : 0;
         td[i].seed = w->seed;
         td[i].pull_error_feedback = w->pull_ef != 0;
-        td[i].transform = w->hadamard ? GIFT__TRANSFORM__TRANSFORM_HADAMARD
-                                      : GIFT__TRANSFORM__TRANSFORM_NONE;
+        td[i].transform =
+            w->hadamard ? GIFT__TRANSFORM__TRANSFORM_HADAMARD : GIFT__TRANSFORM__TRANSFORM_NONE;
         tdp[i] = &td[i];
     }
     gift_digest_bytes(gift_digest_tensors(tdp, nw), c->digest);
@@ -805,13 +810,17 @@ static int descs_copy(const gift_tensor_desc_t *tensors, size_t n, gift_tensor_d
                 return rc;
             }
             if (d[i].geometry) {
-                fprintf(stderr, "gift_declare: tensor %s: the Hadamard transform is a "
-                        "treatment of its own, not one with geometry\n", nm);
+                fprintf(stderr,
+                        "gift_declare: tensor %s: the Hadamard transform is a "
+                        "treatment of its own, not one with geometry\n",
+                        nm);
                 return rc;
             }
             if (d[i].memory == GIFT_MEMORY_CUDA) {
-                fprintf(stderr, "gift_declare: tensor %s: the Hadamard transform has no device "
-                        "path yet; declare it in host memory (GIFT_MEMORY_HOST)\n", nm);
+                fprintf(stderr,
+                        "gift_declare: tensor %s: the Hadamard transform has no device "
+                        "path yet; declare it in host memory (GIFT_MEMORY_HOST)\n",
+                        nm);
                 return rc;
             }
         }
@@ -838,10 +847,9 @@ static gift__wire_t *member_fuse(gift_client_t *c, fuse_class_t *cls, size_t *nc
     fuse_class_t *k = NULL;
     gift__wire_t *w;
     for (size_t j = 0; j < *ncls && k == NULL; j++)
-        if (cls[j].push == d->push_codec && cls[j].pull == d->pull_codec &&
-            cls[j].block == blk && cls[j].ef == (d->error_feedback != 0) &&
-            cls[j].sr == (d->stochastic != 0) && cls[j].prio == d->priority &&
-            cls[j].pef == (d->pull_error_feedback != 0))
+        if (cls[j].push == d->push_codec && cls[j].pull == d->pull_codec && cls[j].block == blk &&
+            cls[j].ef == (d->error_feedback != 0) && cls[j].sr == (d->stochastic != 0) &&
+            cls[j].prio == d->priority && cls[j].pef == (d->pull_error_feedback != 0))
             k = &cls[j];
     if (k == NULL) {
         k = &cls[(*ncls)++];

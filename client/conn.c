@@ -105,9 +105,10 @@ void gift__eng_conn_down(gift_client_t *c, uint32_t shard)
     c->conns[shard].state = GIFT__CONN_DOWN;
     if (c->conns[shard].ever_ready) {
         if (!c->conns[shard].lost)
-            fprintf(stderr, "giftclient: shard %u (%s): connection lost; reconnecting (backoff "
-                            "up to %u ms) and replaying what it may not have counted\n", shard,
-                    gift__shard_addr(c, shard, a, sizeof a), c->backoff_max_ms);
+            fprintf(stderr,
+                    "giftclient: shard %u (%s): connection lost; reconnecting (backoff "
+                    "up to %u ms) and replaying what it may not have counted\n",
+                    shard, gift__shard_addr(c, shard, a, sizeof a), c->backoff_max_ms);
         c->conns[shard].lost = 1;
     }
     for (size_t i = 0; c->io_declared && i < c->nwires; i++) {
@@ -191,8 +192,10 @@ int gift__conn_on_auth_challenge(gift_client_t *c, uint32_t shard, const Gift__A
     memcpy(cn->snonce, m->server_nonce.data, GIFT_AUTH_NONCE_BYTES);
     cn->challenged = 1;
     if (c->auth == NULL)
-        fprintf(stderr, "giftclient: shard %u requires authentication; set GIFT_AUTH_KEY_FILE "
-                        "to its key file\n", shard);
+        fprintf(stderr,
+                "giftclient: shard %u requires authentication; set GIFT_AUTH_KEY_FILE "
+                "to its key file\n",
+                shard);
     gift__send_hello(c, shard);
     return 0;
 }
@@ -219,12 +222,14 @@ int gift__conn_on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloA
                           a->protocol_version, GIFT_PROTOCOL_VERSION);
         cn->err = GIFT_EVERSION;
     } else if (a->shard_id != shard || a->num_shards != c->nshards) {
-        gift__client_note(c, "server %u of GIFT_SERVERS (%s) is shard %u of %u (want %u of %u): "
-                          "list the shards in order", shard, ad, a->shard_id, a->num_shards,
-                          shard, c->nshards);
+        gift__client_note(c,
+                          "server %u of GIFT_SERVERS (%s) is shard %u of %u (want %u of %u): "
+                          "list the shards in order",
+                          shard, ad, a->shard_id, a->num_shards, shard, c->nshards);
         cn->err = GIFT_EINVAL;
     } else if (a->world_size != 0 && a->world_size != (uint32_t)c->world) {
-        gift__client_note(c, "shard %u (%s) serves a world of %u ranks; this worker has world "
+        gift__client_note(c,
+                          "shard %u (%s) serves a world of %u ranks; this worker has world "
                           "size %d (WORLD_SIZE / GIFT_WORLD): start every worker with the same",
                           shard, ad, a->world_size, c->world);
         cn->err = GIFT_EWORLD;
@@ -232,7 +237,8 @@ int gift__conn_on_hello_ack(gift_client_t *c, uint32_t shard, const Gift__HelloA
         /* The shard must prove the key too, or it gets no gradients. */
         uint8_t want[GIFT_AUTH_MAC_BYTES] = {0};
         if (cn->challenged)
-            gift_auth_ack_mac(c->auth, (uint32_t)c->rank, cn->snonce, cn->cnonce, cn->hello_mac, want);
+            gift_auth_ack_mac(c->auth, (uint32_t)c->rank, cn->snonce, cn->cnonce, cn->hello_mac,
+                              want);
         if (!cn->challenged || gift_auth_verify(a->auth_mac.data, a->auth_mac.len, want) < 0) {
             fprintf(stderr, "giftclient: shard %u %s; refusing it\n", shard,
                     cn->challenged ? "failed to prove the shared key"

@@ -268,8 +268,8 @@ static int dwire_alloc(gift_client_t *c, gift__gpu_t *g, gift__wire_t *w)
     }
     if (w->geometry)
         for (int s = 0; s < GIFT__GEO_SLOTS; s++)
-            if ((rc = gift_gpu_geometry_init(&dw->dgeo[s], (int)w->cols, (int)w->k,
-                                             (int)w->ks)) < 0)
+            if ((rc = gift_gpu_geometry_init(&dw->dgeo[s], (int)w->cols, (int)w->k, (int)w->ks)) <
+                0)
                 goto fail;
     return 0;
 fail:

@@ -284,8 +284,8 @@ static int eng_push_gone(gift__pstate_t *ps)
 
 /* ps's step starts sending under epoch: nothing encoded, acked or sent yet;
  * encp is what the chunks are encoded from (NULL on a device wire). */
-static void eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
-                           uint32_t epoch, const float *encp)
+static void eng_push_begin(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t epoch,
+                           const float *encp)
 {
     if (w->pushed_once && epoch != w->last_epoch)
         GIFT__STAT_ADD(c, epochs_switched, 1);
@@ -700,9 +700,8 @@ static void on_push_ack(gift_client_t *c, uint32_t shard, const Gift__PushAck *a
  * target unspecified, and the pull fails or asks again. */
 void *gift__eng_sink(gift_client_t *c, uint32_t shard, const gift_frame_t *f)
 {
-    const Gift__PullReply *m = f->env->msg_case == GIFT__ENVELOPE__MSG_PULL_REPLY
-                                   ? f->env->pull_reply
-                                   : NULL;
+    const Gift__PullReply *m =
+        f->env->msg_case == GIFT__ENVELOPE__MSG_PULL_REPLY ? f->env->pull_reply : NULL;
     gift__wire_t *w;
     gift__lstate_t *pl;
     const gift__chunk_t *ch;
@@ -1051,8 +1050,7 @@ void gift__eng_turn_end(gift_client_t *c)
 /* The memory paths' reports (host.c, device.c, through c->eng)         */
 /* ------------------------------------------------------------------ */
 
-static void eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps,
-                                 uint32_t j)
+static void eng_push_chunk_ready(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uint32_t j)
 {
     gift__chunk_t *ch = gift__chunk_of(c, w, j);
     gift__lstate_t *pl = &w->pl[ps->step & 1];

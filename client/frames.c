@@ -38,8 +38,8 @@ int gift__send_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, gift_
     m.seq = next_seq(c, GIFT__SEQ_PUSH);
     env.msg_case = GIFT__ENVELOPE__MSG_PUSH;
     env.push = &m;
-    return c->io->queue(c, ch->shard, &env, gift__ps_chunk_payload(ps, ch), gift__ps_push_len(ps, ch),
-                        w->push_prio, &ps->inflight);
+    return c->io->queue(c, ch->shard, &env, gift__ps_chunk_payload(ps, ch),
+                        gift__ps_push_len(ps, ch), w->push_prio, &ps->inflight);
 }
 
 /* Queues every chunk of ps not yet queued on its shard's connection. */

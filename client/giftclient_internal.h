@@ -230,7 +230,7 @@ typedef struct gift__pstate {
     uint8_t *acked;   /* per chunk */
     uint8_t *sent;    /* per chunk: queued on the current connection */
     uint32_t nacked;
-    uint32_t nenc;     /* chunks encoded so far (SENT/ACKED: only these may be queued) */
+    uint32_t nenc; /* chunks encoded so far (SENT/ACKED: only these may be queued) */
     /* Its codecs: its epoch's decision (tr: the Push names the pull codec
      * too), else the declared ones (gift__ps_codecs). */
     gift_codec_params_t push, pull;
@@ -242,8 +242,8 @@ typedef struct gift__pstate {
      * quiesced). NULL: encp holds the whole input already. */
     struct gift__geo *tg;
     const float *tsrc;
-    uint8_t *payload;  /* every chunk's encoded payload, 64-aligned */
-    float *asmb;       /* fused: the assembled gradient */
+    uint8_t *payload; /* every chunk's encoded payload, 64-aligned */
+    float *asmb;      /* fused: the assembled gradient */
     /* f32 chunks whose payload is their elements exactly are sent from here,
      * checked but not copied (gift__ps_chunk_payload): asmb, or the caller's
      * grad (zc_user) when its op keeps grad unchanged until the step's pull
@@ -328,7 +328,7 @@ typedef struct gift__wire {
     int pushed_once;
     /* Device tensors (GIFT_MEMORY_CUDA; never fused): */
     int memory, device;
-    gift__dwire_t *dw; /* NULL for host wires; set on the I/O thread at declare */
+    gift__dwire_t *dw;        /* NULL for host wires; set on the I/O thread at declare */
     const gift__path_t *path; /* host or device path; set on the I/O thread at declare */
     struct gift__hjob *hjob;  /* host.c: its push and pulls' T^-1 on codec threads */
     float *pwork;             /* their scratch, 3 x rows * k (w->work is the I/O thread's) */
@@ -410,19 +410,20 @@ enum gift__conn_state {
 
 typedef struct gift__conn {
     int state;
-    int err;        /* the shard refused the handshake (a code) */
-    int ever_ready; /* reached READY at least once */
-    int lost;       /* dropped after being ready: the next READY is a reconnect */
-    int connect_err;      /* the last failed connect: a negative errno (libuv), 0: none */
+    int err;                 /* the shard refused the handshake (a code) */
+    int ever_ready;          /* reached READY at least once */
+    int lost;                /* dropped after being ready: the next READY is a reconnect */
+    int connect_err;         /* the last failed connect: a negative errno (libuv), 0: none */
     uint64_t connect_log_ns; /* when a failed connect was last logged (rate limit) */
-    int declared;   /* a DeclareAck arrived */
-    uint64_t resume; /* 1 + the newest step a PullReply of this shard answered (Hello.resume_step) */
+    int declared;            /* a DeclareAck arrived */
+    uint64_t
+        resume; /* 1 + the newest step a PullReply of this shard answered (Hello.resume_step) */
     uint64_t max_frame;
     /* Authentication of this connection (gift.proto): */
-    int challenged;                             /* an AuthChallenge arrived */
-    uint8_t cnonce[GIFT_AUTH_NONCE_BYTES];      /* ours, sent in both Hellos */
-    uint8_t snonce[GIFT_AUTH_NONCE_BYTES];      /* the shard's */
-    uint8_t hello_mac[GIFT_AUTH_MAC_BYTES];     /* what our second Hello carried */
+    int challenged;                         /* an AuthChallenge arrived */
+    uint8_t cnonce[GIFT_AUTH_NONCE_BYTES];  /* ours, sent in both Hellos */
+    uint8_t snonce[GIFT_AUTH_NONCE_BYTES];  /* the shard's */
+    uint8_t hello_mac[GIFT_AUTH_MAC_BYTES]; /* what our second Hello carried */
 } gift__conn_t;
 
 typedef struct gift__net gift__net_t;
@@ -454,8 +455,8 @@ typedef struct gift__io {
      * the write is done or dropped; inflight may be NULL without payload).
      * Written at the end of the loop turn, in priority order. Returns 0,
      * GIFT_ECLOSED (no connection) or GIFT_ENOMEM. */
-    int (*queue)(gift_client_t *c, uint32_t shard, const Gift__Envelope *env,
-                 const void *payload, size_t len, int64_t prio, int *inflight);
+    int (*queue)(gift_client_t *c, uint32_t shard, const Gift__Envelope *env, const void *payload,
+                 size_t len, int64_t prio, int *inflight);
     /* Same with a head already packed (preamble + header, payload_len 0). */
     int (*queue_raw)(gift_client_t *c, uint32_t shard, const uint8_t *head, size_t head_len,
                      int64_t prio);
@@ -476,8 +477,8 @@ struct gift_client {
     uint32_t timeout_ms, connect_timeout_ms, backoff_max_ms;
     uint64_t seed;
     char name[128];
-    char run_id[65]; /* presented at Hello ("" = none): at most 64 bytes */
-    char last_err[512]; /* gift_client_last_error: what the last failure said (under mu) */
+    char run_id[65];       /* presented at Hello ("" = none): at most 64 bytes */
+    char last_err[512];    /* gift_client_last_error: what the last failure said (under mu) */
     gift_auth_key_t *auth; /* the shared secret, or NULL: no authentication */
     const struct gift__devices *dev; /* the device lifecycle (gift__devices()) */
     /* The declared list (immutable after gift_declare). */
@@ -502,9 +503,9 @@ struct gift_client {
     struct gift_op **all_ops;           /* mu: every op allocated, for close */
     size_t nall_ops, all_ops_cap;       /* mu */
     gift__net_t *net;
-    const gift__io_t *io; /* the network, as the engine sees it */
+    const gift__io_t *io;       /* the network, as the engine sees it */
     const gift__eng_ops_t *eng; /* the engine, as the memory paths see it (set at declare) */
-    gift_client_stats_t st; /* atomic counters */
+    gift_client_stats_t st;     /* atomic counters */
     /* Atomic: gift_client_counters (the I/O thread's CPU time is read then). */
     uint64_t payload_out, payload_in;
     uint64_t pass_bytes[GIFT_PASS_KINDS];
@@ -516,10 +517,10 @@ struct gift_client {
     int geo_err;     /* a GeometryRequest failed during declare */
     int io_declared; /* the I/O thread's own "declared" (Hello digest, Declare) */
     int rescan;
-    size_t nencoding; /* wires whose push is still being encoded, a few chunks a turn */
-    int codec_threads;         /* configuration: threads of the codec pool (0: none) */
-    struct gift__pool *pool;   /* host.c: the codec threads, or NULL */
-    size_t npool;              /* codec-thread jobs queued, running or not yet retired */
+    size_t nencoding;        /* wires whose push is still being encoded, a few chunks a turn */
+    int codec_threads;       /* configuration: threads of the codec pool (0: none) */
+    struct gift__pool *pool; /* host.c: the codec threads, or NULL */
+    size_t npool;            /* codec-thread jobs queued, running or not yet retired */
     int closing;
     int lost; /* a shard lost the run's state (GIFT_ESTATE): every operation fails with it */
     gift__gpu_t *gpu; /* device.c: contexts and job queues, or NULL */
@@ -597,8 +598,8 @@ static inline gift__geo_t *gift__geo_by_epoch(gift__wire_t *w, uint32_t e)
 /* Counters (any thread). */
 #define GIFT__STAT_ADD(c, field, v) __atomic_fetch_add(&(c)->st.field, (v), __ATOMIC_RELAXED)
 /* A pass of kind over n elements (gift_client_counters_t.pass_bytes). */
-#define GIFT__PASS(c, kind, n)                                                                   \
-    __atomic_fetch_add(&(c)->pass_bytes[(kind)], (uint64_t)(n) * 4u, __ATOMIC_RELAXED)
+#define GIFT__PASS(c, kind, n)                                                                     \
+    __atomic_fetch_add(&(c)->pass_bytes[(kind)], (uint64_t)(n)*4u, __ATOMIC_RELAXED)
 #define GIFT__PAYLOAD_ADD(c, field, v) __atomic_fetch_add(&(c)->field, (v), __ATOMIC_RELAXED)
 
 /* Chunk j of wire w. */

@@ -36,9 +36,8 @@
  * rotates the chunk's rows by w->hd instead (H D, or D H for the inverse;
  * rows never mix, no scratch): the same rule, residuals and threads as a
  * geometry's T. */
-static int chunk_transform(gift_client_t *c, gift__wire_t *w, const gift_geometry_t *g,
-                           int inverse, const gift__chunk_t *ch, const float *src, float *dst,
-                           float *scratch)
+static int chunk_transform(gift_client_t *c, gift__wire_t *w, const gift_geometry_t *g, int inverse,
+                           const gift__chunk_t *ch, const float *src, float *dst, float *scratch)
 {
     GIFT__PASS(c, GIFT_PASS_TRANSFORM, ch->n);
     if (w->hadamard)
@@ -137,9 +136,8 @@ static int encode_one(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, uin
         return gift_hadamard_encode(&cp, &w->hd, ps->tsrc + ch->off, ch->rows, pay,
                                     gift__ps_push_len(ps, ch));
     }
-    if (ps->tsrc != NULL &&
-        (rc = chunk_transform(c, w, ps->tg != NULL ? &ps->tg->g : NULL, 0, ch, ps->tsrc, w->p,
-                              scratch)) < 0)
+    if (ps->tsrc != NULL && (rc = chunk_transform(c, w, ps->tg != NULL ? &ps->tg->g : NULL, 0, ch,
+                                                  ps->tsrc, w->p, scratch)) < 0)
         return rc;
     cp.sr.seed = c->seed;
     cp.sr.rank = (uint32_t)c->rank;
@@ -223,10 +221,10 @@ typedef struct gift__hjob {
     struct gift__hjob *next; /* pool queue (pool mu) */
     int kind;
     gift__wire_t *w;
-    float *scratch;      /* rows x k, this job's own */
-    gift__lstate_t *pl;  /* finish: the pull, and its step when queued */
+    float *scratch;     /* rows x k, this job's own */
+    gift__lstate_t *pl; /* finish: the pull, and its step when queued */
     uint64_t step;
-    int finished;        /* finish: done and not yet taken by host_finish (I/O thread) */
+    int finished; /* finish: done and not yet taken by host_finish (I/O thread) */
     gift__pstate_t *ps;
     const float *src;
     gift__geo_t *G, *old; /* pinned while the job is active */
@@ -528,8 +526,7 @@ static int host_push(gift_client_t *c, gift__wire_t *w, gift__pstate_t *ps, cons
     gift__ps_codecs(w, ps, G);
     ps->zc = NULL;
     ps->zc_user = 0;
-    if (p == src && !w->ef_on && ps->push.fmt == GIFT_FMT_F32 &&
-        (src == ps->asmb || ps->zc_ok)) {
+    if (p == src && !w->ef_on && ps->push.fmt == GIFT_FMT_F32 && (src == ps->asmb || ps->zc_ok)) {
         ps->zc = src;
         ps->zc_user = src != ps->asmb;
         pooled = 0; /* checked where it lies, nothing to encode */
@@ -589,8 +586,8 @@ static int host_decode(gift_client_t *c, gift__wire_t *w, gift__lstate_t *pl,
         rc = gift_payload_check(gift__pull_codec(w, pl->epoch), payload, len, ch->n);
     } else {
         GIFT__PASS(c, GIFT_PASS_DECODE, ch->n);
-        rc = gift__backend_cpu()->decode(NULL, gift__pull_codec(w, pl->epoch), payload, len,
-                                         ch->n, pl->target + ch->off);
+        rc = gift__backend_cpu()->decode(NULL, gift__pull_codec(w, pl->epoch), payload, len, ch->n,
+                                         pl->target + ch->off);
     }
     if (rc == 0 && w->hadamard) /* rotated back as it lands, like a geometry's chunks */
         return chunk_transform(c, w, NULL, 1, ch, pl->target, pl->target, NULL);
@@ -760,15 +757,15 @@ int gift__geo_load(gift_client_t *c, gift__wire_t *w, gift__geo_t *G, const Gift
         G->g.trace = m->trace;
         sigma2 = gift_geometry_rank_sigma2(&G->g, (int)k);
     }
-    if ((rc = gift_geometry_load(&G->g, G->g.U, G->g.lambda, m->trace, sigma2, m->delta,
-                                 m->epoch, m->identity || m->euclidean)) < 0) {
+    if ((rc = gift_geometry_load(&G->g, G->g.U, G->g.lambda, m->trace, sigma2, m->delta, m->epoch,
+                                 m->identity || m->euclidean)) < 0) {
         G->g.k = (int)w->k;
         return rc;
     }
     G->push = push;
     G->pull = pull;
-    G->tr = m->euclidean || m->transform_rank != 0 || m->push_codec != NULL ||
-            m->pull_codec != NULL;
+    G->tr =
+        m->euclidean || m->transform_rank != 0 || m->push_codec != NULL || m->pull_codec != NULL;
     return 0;
 }
 

@@ -62,7 +62,7 @@ typedef struct uconn {
     int tcp_active;                /* tcp initialised and its close callback not yet run */
     int connected;                 /* established and not being dropped */
     uint32_t backoff_ms;
-    int rcvlowat;                  /* SO_RCVLOWAT set last (gift_sock_rcvlowat), 0: none */
+    int rcvlowat; /* SO_RCVLOWAT set last (gift_sock_rcvlowat), 0: none */
 } uconn_t;
 
 struct gift__net {
@@ -312,9 +312,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
             return;
         }
         GIFT__STAT_ADD(c, frames_in, 1);
-        GIFT__STAT_ADD(c, bytes_in,
-                       GIFT_PREAMBLE_BYTES + f.header_len +
-                           f.payload_len);
+        GIFT__STAT_ADD(c, bytes_in, GIFT_PREAMBLE_BYTES + f.header_len + f.payload_len);
         GIFT__PAYLOAD_ADD(c, payload_in, f.payload_len);
         if (gift__eng_frame(c, u->shard, &f) < 0) {
             conn_drop(u);
@@ -354,7 +352,8 @@ static void keepalive(uv_tcp_t *tcp)
 {
     uv_os_fd_t fd;
     int v;
-    if (uv_tcp_keepalive(tcp, 1, GIFT__NET_KEEPIDLE_S) < 0 || uv_fileno((uv_handle_t *)tcp, &fd) < 0)
+    if (uv_tcp_keepalive(tcp, 1, GIFT__NET_KEEPIDLE_S) < 0 ||
+        uv_fileno((uv_handle_t *)tcp, &fd) < 0)
         return;
     v = GIFT__NET_KEEPINTVL_S;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &v, sizeof v);

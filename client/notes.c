@@ -58,9 +58,10 @@ void gift__note_refusal(gift_client_t *c, uint32_t shard, const char *what, cons
                         int code)
 {
     char a[64];
-    gift__client_note(c, "shard %u (%s) refused the %s of tensor %u chunk %u step %" PRIu64
-                      ": %s (%s)", shard, gift__shard_addr(c, shard, a, sizeof a), what, e->key,
-                      e->chunk, e->step, e->text ? e->text : "", gift_strerror(code));
+    gift__client_note(
+        c, "shard %u (%s) refused the %s of tensor %u chunk %u step %" PRIu64 ": %s (%s)", shard,
+        gift__shard_addr(c, shard, a, sizeof a), what, e->key, e->chunk, e->step,
+        e->text ? e->text : "", gift_strerror(code));
 }
 
 void gift__note_timeout(gift_client_t *c)
@@ -68,14 +69,16 @@ void gift__note_timeout(gift_client_t *c)
     char a[64];
     for (uint32_t s = 0; s < c->nshards; s++)
         if (c->conns[s].state != GIFT__CONN_READY) {
-            gift__client_note(c, "an operation timed out after %u ms (timeout_ms, GIFT_TIMEOUT_MS) "
-                              "while shard %u (%s) is not connected%s", c->timeout_ms, s,
-                              gift__shard_addr(c, s, a, sizeof a),
+            gift__client_note(c,
+                              "an operation timed out after %u ms (timeout_ms, GIFT_TIMEOUT_MS) "
+                              "while shard %u (%s) is not connected%s",
+                              c->timeout_ms, s, gift__shard_addr(c, s, a, sizeof a),
                               c->conns[s].connect_err == -ECONNREFUSED ? ": connection refused"
                                                                        : "");
             return;
         }
-    gift__client_note(c, "an operation timed out after %u ms (timeout_ms, GIFT_TIMEOUT_MS) with "
+    gift__client_note(c,
+                      "an operation timed out after %u ms (timeout_ms, GIFT_TIMEOUT_MS) with "
                       "every shard connected: a rank may be missing (giftctl status)",
                       c->timeout_ms);
 }
@@ -87,12 +90,12 @@ void gift__note_unreached(gift_client_t *c)
         char a[64];
         if (cn->state == GIFT__CONN_READY)
             continue;
-        gift__client_note(c, "shard %u (%s) not reached within %u ms (connect_timeout_ms): %s",
-                          s, gift__shard_addr(c, s, a, sizeof a), c->connect_timeout_ms,
+        gift__client_note(c, "shard %u (%s) not reached within %u ms (connect_timeout_ms): %s", s,
+                          gift__shard_addr(c, s, a, sizeof a), c->connect_timeout_ms,
                           cn->connect_err == -ECONNREFUSED
                               ? "connection refused: is giftd running there, and is "
                                 "GIFT_SERVERS right?"
-                          : cn->connect_err ? strerror(-cn->connect_err)
+                          : cn->connect_err              ? strerror(-cn->connect_err)
                           : cn->state == GIFT__CONN_DOWN ? "no connection"
                                                          : "no answer to the Hello");
         return;

@@ -27,8 +27,8 @@ typedef struct gift_plan_tensor {
 } gift_plan_tensor_t;
 
 typedef struct gift_plan_chunk {
-    uint32_t tensor;    /* index into the declared list */
-    uint32_t chunk;     /* index within the tensor, from 0 */
+    uint32_t tensor; /* index into the declared list */
+    uint32_t chunk;  /* index within the tensor, from 0 */
     uint32_t row_begin;
     uint32_t rows;
     uint32_t shard;
@@ -38,8 +38,8 @@ typedef struct gift_plan_chunk {
 typedef struct gift_plan {
     gift_plan_chunk_t *chunks; /* tensor-major, chunk order */
     size_t nchunks;
-    size_t *first;             /* first[t]: index of tensor t's chunk 0; first[n] = nchunks */
-    double *shard_weight;      /* nshards entries */
+    size_t *first;        /* first[t]: index of tensor t's chunk 0; first[n] = nchunks */
+    double *shard_weight; /* nshards entries */
     uint32_t nshards;
 } gift_plan_t;
 

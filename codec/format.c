@@ -22,7 +22,7 @@ const gift__minifmt_t gift__fmt_e2m1 = {1, 1, 0x7, 3, GIFT_E2M1_MAX};
 /* ------------------------------------------------------------------ */
 
 static const char *const format_names[GIFT_FMT_COUNT_] = {
-    [GIFT_FMT_F32] = "f32",        [GIFT_FMT_BF16] = "bf16", [GIFT_FMT_E4M3] = "fp8-e4m3",
+    [GIFT_FMT_F32] = "f32",       [GIFT_FMT_BF16] = "bf16",   [GIFT_FMT_E4M3] = "fp8-e4m3",
     [GIFT_FMT_E5M2] = "fp8-e5m2", [GIFT_FMT_NVFP4] = "nvfp4",
 };
 
@@ -191,8 +191,7 @@ static void sr_key(const gift_sr_key_t *k, uint32_t key[2])
     key[1] = (uint32_t)(h >> 32);
 }
 
-static void sr_block(const gift_sr_key_t *k, const uint32_t key[2], uint64_t group,
-                     uint32_t out[4])
+static void sr_block(const gift_sr_key_t *k, const uint32_t key[2], uint64_t group, uint32_t out[4])
 {
     uint32_t ctr[4] = {(uint32_t)group, (uint32_t)k->step, k->key,
                        k->chunk ^ ((uint32_t)(group >> 32) << 16)};
@@ -263,8 +262,8 @@ static int fp8_encode_any(const gift__minifmt_t *f, const float *x, size_t n, si
         scales[bi] = scale;
         for (size_t i = 0; i < len; i++) {
             float y = x[b0 + i] * inv;
-            codes[b0 + i] = (uint8_t)(s ? gift__cvt_sr(f, y, sr_stream_bits(s, b0 + i))
-                                        : gift__cvt_rne(f, y));
+            codes[b0 + i] =
+                (uint8_t)(s ? gift__cvt_sr(f, y, sr_stream_bits(s, b0 + i)) : gift__cvt_rne(f, y));
         }
     }
     return 0;
@@ -593,8 +592,8 @@ int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *pa
     case GIFT_FMT_E4M3:
     case GIFT_FMT_E5M2:
         if (p->stochastic)
-            return sr_fp8_encode(fp8_fmt(p->fmt), x, n, l.block, (float *)out,
-                                 out + l.code_off, &p->sr);
+            return sr_fp8_encode(fp8_fmt(p->fmt), x, n, l.block, (float *)out, out + l.code_off,
+                                 &p->sr);
         return k->fp8_encode(fp8_fmt(p->fmt), x, n, l.block, (float *)out, out + l.code_off);
     case GIFT_FMT_NVFP4: {
         uint32_t mb = k->amax_bits(x, n);
@@ -620,7 +619,6 @@ int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *pa
         return GIFT_EFORMAT;
     }
 }
-
 
 #define MEAN_SLICE 4096 /* elements per cache-resident slice of gift_encode_mean */
 
@@ -691,7 +689,8 @@ int gift_encode_mean(const gift_codec_params_t *p, const float *x, size_t n, flo
         for (size_t i = 0; i < n; i += slice) {
             size_t len = n - i < slice ? n - i : slice;
             k->scale(x + i, len, scale, buf);
-            k->nvfp4_encode(buf, len, s_t, out + 4 + i / GIFT_NVFP4_BLOCK, out + l.code_off + i / 2);
+            k->nvfp4_encode(buf, len, s_t, out + 4 + i / GIFT_NVFP4_BLOCK,
+                            out + l.code_off + i / 2);
         }
         return 0;
     }
@@ -743,9 +742,8 @@ static int payload_check(const gift_codec_params_t *p, const gift_layout_t *l, c
     case GIFT_FMT_F32:
         /* Codes may be unaligned on the wire only if the caller broke the
          * layout; the section offset is 64-aligned. */
-        return k->amax_bits((const float *)(in + l->code_off), l->n) >= 0x7F800000u
-                   ? GIFT_EBADCODE
-                   : 0;
+        return k->amax_bits((const float *)(in + l->code_off), l->n) >= 0x7F800000u ? GIFT_EBADCODE
+                                                                                    : 0;
     case GIFT_FMT_BF16: {
         /* Four codes per 64-bit word: a lane whose exponent bits are all set
          * (Inf/NaN) becomes a zero lane after masking and flipping; the
@@ -1010,9 +1008,9 @@ int gift_encode_mean_ef(const gift_codec_params_t *p, const float *x, size_t n, 
 /* The checks and the padding of the fused decode + mean encoders: the payload
  * whole (decode_check), both layouts walkable in common slices, out's
  * padding written. */
-static int fused_begin(const gift_codec_params_t *push, const void *payload, size_t len,
-                       size_t n, float scale, const gift_codec_params_t *pull, void *out,
-                       size_t cap, gift_layout_t *li, gift_layout_t *lo)
+static int fused_begin(const gift_codec_params_t *push, const void *payload, size_t len, size_t n,
+                       float scale, const gift_codec_params_t *pull, void *out, size_t cap,
+                       gift_layout_t *li, gift_layout_t *lo)
 {
     int rc;
     if (pull == NULL || out == NULL || pull->stochastic || !(scale > 0.0f) || scale > FLT_MAX)

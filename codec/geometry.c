@@ -226,8 +226,7 @@ static void gift__dense_set(gift_geometry_t *g)
  * BLAS/LAPACK build). g is zeroed first, so gift_geometry_free is safe after
  * any failure. Returns 0, GIFT_EINVAL (bad sizes), GIFT_ENOMEM or GIFT_ELAPACK.
  */
-static int gift__geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed,
-                               int dense)
+static int gift__geometry_init(gift_geometry_t *g, int din, int k, int ks, uint64_t seed, int dense)
 {
     gift__geo_ws_t *ws;
     size_t dks, i, j;

@@ -52,9 +52,9 @@ extern "C" {
 #endif
 
 #define GIFT_CODEC_VERSION "0.1.0"
-#define GIFT_ALIGN 64                 /* payload section alignment, bytes */
-#define GIFT_FP8_BLOCK_DEFAULT 128    /* fp8 elements per block */
-#define GIFT_NVFP4_BLOCK 16           /* nvfp4 elements per block (fixed) */
+#define GIFT_ALIGN 64              /* payload section alignment, bytes */
+#define GIFT_FP8_BLOCK_DEFAULT 128 /* fp8 elements per block */
+#define GIFT_NVFP4_BLOCK 16        /* nvfp4 elements per block (fixed) */
 #define GIFT_E4M3_MAX 448.0f
 #define GIFT_E5M2_MAX 57344.0f
 #define GIFT_E2M1_MAX 6.0f
@@ -81,9 +81,9 @@ typedef struct gift_sr_key {
 
 typedef struct gift_codec_params {
     gift_format_t fmt;
-    uint32_t block;     /* fp8: elements per block, a power of two in 32..2^20; 0 means 128.
-                           Ignored by f32/bf16; nvfp4 always uses 16. */
-    int stochastic;     /* 0: round to nearest even; 1: stochastic rounding with sr */
+    uint32_t block; /* fp8: elements per block, a power of two in 32..2^20; 0 means 128.
+                       Ignored by f32/bf16; nvfp4 always uses 16. */
+    int stochastic; /* 0: round to nearest even; 1: stochastic rounding with sr */
     gift_sr_key_t sr;
 } gift_codec_params_t;
 
@@ -121,8 +121,7 @@ int gift_layout(const gift_codec_params_t *p, size_t n, gift_layout_t *out);
 /* Encodes n floats x into payload (cap bytes, at least layout.total; padding
  * bytes are written as zero). Returns 0, GIFT_ENONFINITE if x holds NaN/Inf
  * (payload contents then unspecified), GIFT_ENOSPC, GIFT_EFORMAT. */
-int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *payload,
-                size_t cap);
+int gift_encode(const gift_codec_params_t *p, const float *x, size_t n, void *payload, size_t cap);
 
 /* Encodes the mean the server sends: exactly the bytes gift_encode gives for
  * y_i = x_i * scale + 0.0f (fp32 multiply, then adding +0 turns -0 into +0),
@@ -207,8 +206,8 @@ int gift_payload_check(const gift_codec_params_t *p, const void *payload, size_t
 
 /* acc[i] += decode(payload)[i], the server's inner loop. Validates like
  * gift_decode before touching acc, so a bad payload leaves acc unchanged. */
-int gift_decode_acc(const gift_codec_params_t *p, const void *payload, size_t len,
-                    size_t n, float *acc);
+int gift_decode_acc(const gift_codec_params_t *p, const void *payload, size_t len, size_t n,
+                    float *acc);
 
 /* Compares x with its encoding: counts codes that saturated or flushed to
  * zero. Slow path (diagnostics), not for the inner loop. */
@@ -221,9 +220,9 @@ uint8_t gift_f32_to_e4m3(float x);
 uint8_t gift_f32_to_e5m2(float x);
 uint8_t gift_f32_to_e2m1(float x); /* 4-bit code in the low nibble */
 uint16_t gift_f32_to_bf16(float x);
-float gift_e4m3_to_f32(uint8_t c);  /* NaN codes give NaN */
-float gift_e5m2_to_f32(uint8_t c);  /* Inf/NaN codes give Inf/NaN */
-float gift_e2m1_to_f32(uint8_t c);  /* low nibble used */
+float gift_e4m3_to_f32(uint8_t c); /* NaN codes give NaN */
+float gift_e5m2_to_f32(uint8_t c); /* Inf/NaN codes give Inf/NaN */
+float gift_e2m1_to_f32(uint8_t c); /* low nibble used */
 float gift_bf16_to_f32(uint16_t c);
 
 /* Philox4x32-10 (Random123): one 128-bit block for counter ctr under key. */
@@ -232,7 +231,11 @@ void gift_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[
 uint32_t gift_sr_bits(const gift_sr_key_t *k, uint64_t i);
 
 /* SIMD path selection. */
-typedef enum gift_simd { GIFT_SIMD_SCALAR = 0, GIFT_SIMD_AVX2 = 1, GIFT_SIMD_AVX512 = 2 } gift_simd_t;
+typedef enum gift_simd {
+    GIFT_SIMD_SCALAR = 0,
+    GIFT_SIMD_AVX2 = 1,
+    GIFT_SIMD_AVX512 = 2
+} gift_simd_t;
 /* The best path this CPU supports. */
 gift_simd_t gift_simd_best(void);
 /* The path in use now (GIFT_SIMD env var or gift_simd_force, else best). */
@@ -369,8 +372,8 @@ double gift_geometry_rank_sigma2(const gift_geometry_t *g, int k);
 /* Sketch of one worker's layer inputs X (n x din, row-major):
  * Y = X^T (X Q) / n (din x ks) and *trace = tr(X^T X) / n. work must hold
  * n * ks floats (allocated once by the caller). */
-int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y,
-                double *trace, float *work);
+int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y, double *trace,
+                float *work);
 
 /* Applies T (inverse = 0) or T^-1 (inverse = 1) to rows x din row-major G,
  * writing out (may equal G). work must hold rows * k floats. Identity
@@ -379,16 +382,16 @@ int gift_sketch(const float *X, int n, int din, const float *Q, int ks, float *Y
  * in place and out of place give the same bits); otherwise two thin
  * cblas_sgemm:
  * out = c*G + ((G U_k) diag(d)) U_k^T. */
-int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int rows,
-                   float *out, float *work);
+int gift_transform(const gift_geometry_t *g, int inverse, const float *G, int rows, float *out,
+                   float *work);
 
 /* gift_transform of rows of a larger tensor: work holds work_rows * k floats
  * (work_rows >= rows, else GIFT_EINVAL), and the form and row blocks are the
  * ones gift_transform would take for work_rows rows. So a tensor of R rows
  * transformed chunk by chunk with work_rows = R takes one form for every
  * chunk, and two callers that cut it into the same chunks get the same bits. */
-int gift_transform_ws(const gift_geometry_t *g, int inverse, const float *G, int rows,
-                      float *out, float *work, int work_rows);
+int gift_transform_ws(const gift_geometry_t *g, int inverse, const float *G, int rows, float *out,
+                      float *work, int work_rows);
 
 /* ------------------------------------------------------------------ */
 /* The Hadamard treatment (issue 42)                                     */
@@ -424,8 +427,8 @@ uint32_t gift_hadamard_block(uint32_t cols);
 uint64_t gift_hadamard_seed(const char *name, uint32_t key, uint32_t epoch);
 
 typedef struct gift_hadamard {
-    uint32_t cols;   /* row length */
-    uint32_t block;  /* gift_hadamard_block(cols) */
+    uint32_t cols;  /* row length */
+    uint32_t block; /* gift_hadamard_block(cols) */
     uint64_t seed;
     float scale;     /* fl(1/sqrt(block)) */
     uint32_t *signs; /* cols words, 0 or 0x80000000: XORed into column j */
@@ -458,9 +461,9 @@ void gift_fwht(float *x, uint32_t b);
 
 /* Sender-side residual e in transformed coordinates, one per tensor chunk. */
 typedef struct gift_ef {
-    float *e;        /* rows x din */
+    float *e; /* rows x din */
     int rows, din;
-    uint32_t epoch;  /* geometry epoch e is expressed in */
+    uint32_t epoch; /* geometry epoch e is expressed in */
 } gift_ef_t;
 
 int gift_ef_init(gift_ef_t *ef, int rows, int din);
@@ -488,12 +491,11 @@ double gift_metric_rel_l2(const float *G, const float *Gh, size_t n);
 double gift_metric_cosine(const float *G, const float *Gh, size_t n);
 /* ||(Gh - G) L|| / ||G L|| with L = (A + delta I)^-1/2, delta = damping tr A / din,
  * A the din x din covariance (row-major). Returns a negative code on failure. */
-double gift_metric_whitened(const float *G, const float *Gh, int rows, int din,
-                            const float *A, double damping);
+double gift_metric_whitened(const float *G, const float *Gh, int rows, int din, const float *A,
+                            double damping);
 /* ||G L|| with L = (A + delta I)^-1/2 as above: G's size in the whitened metric.
  * Negative code on failure. */
-double gift_metric_whitened_norm(const float *G, int rows, int din, const float *A,
-                                 double damping);
+double gift_metric_whitened_norm(const float *G, int rows, int din, const float *A, double damping);
 /* What fp8's relative error predicts for GIFT fp8 with A's own geometry over
  * Euclidean fp8, in the whitened metric of A: sqrt(sum_w ||G_w L||^2 /
  * sum_w sum_ij G_w,ij^2 (L^2)_jj) for W gradients G (W x rows x din). A

@@ -58,8 +58,8 @@ typedef struct gift__kernels {
     uint32_t (*amax_bits)(const float *x, size_t n);
     /* nvfp4 given the tensor scale s_t >= FLT_MIN: block scales and codes. */
     void (*nvfp4_encode)(const float *x, size_t n, float s_t, uint8_t *sb, uint8_t *codes);
-    void (*nvfp4_decode)(const uint8_t *sb, float s_t, const uint8_t *codes, size_t n,
-                         float *out, int acc);
+    void (*nvfp4_decode)(const uint8_t *sb, float s_t, const uint8_t *codes, size_t n, float *out,
+                         int acc);
     /* bf16: returns GIFT_ENONFINITE if any input is NaN/Inf. */
     int (*bf16_encode)(const float *x, size_t n, uint16_t *codes);
     void (*bf16_decode)(const uint16_t *codes, size_t n, float *out, int acc);
@@ -213,8 +213,8 @@ static inline int gift__fp8_block_scale(const gift__minifmt_t *f, uint32_t maxbi
 #define GIFT__FP8_PF_BYTES 8192u
 #define GIFT__FP8_PF_MIN (256u * 1024u)
 typedef uint32_t (*gift__fp8_amax_fn)(const float *x, size_t n);
-typedef void (*gift__fp8_codes_fn)(const gift__minifmt_t *f, const float *xb, size_t len,
-                                   float inv, uint8_t *cb);
+typedef void (*gift__fp8_codes_fn)(const gift__minifmt_t *f, const float *xb, size_t len, float inv,
+                                   uint8_t *cb);
 static inline __attribute__((always_inline)) int
 gift__fp8_encode_groups(const gift__minifmt_t *f, const float *x, size_t n, size_t block,
                         float *scales, uint8_t *codes, gift__fp8_amax_fn amax,
@@ -292,14 +292,14 @@ static inline GIFT__HD uint16_t gift__bf16_sr(float y, uint32_t r)
  * as the gift_* functions they wrap. */
 typedef struct gift__backend {
     const char *name; /* "cpu", "cuda" */
-    int (*encode)(void *ctx, const gift_codec_params_t *p, const float *x, size_t n,
-                  void *payload, size_t cap);
+    int (*encode)(void *ctx, const gift_codec_params_t *p, const float *x, size_t n, void *payload,
+                  size_t cap);
     int (*decode)(void *ctx, const gift_codec_params_t *p, const void *payload, size_t len,
                   size_t n, float *out);
     int (*decode_acc)(void *ctx, const gift_codec_params_t *p, const void *payload, size_t len,
                       size_t n, float *acc);
-    int (*transform)(void *ctx, const void *geom, int inverse, const float *G, int rows,
-                     float *out, float *work);
+    int (*transform)(void *ctx, const void *geom, int inverse, const float *G, int rows, float *out,
+                     float *work);
     int (*ef_add)(void *ctx, const float *e, size_t n, float *p);
     int (*ef_update)(void *ctx, const float *p, const float *decoded, size_t n, float *e);
     int (*sync)(void *ctx);
@@ -319,8 +319,8 @@ static inline int gift__cpu_decode(void *ctx, const gift_codec_params_t *p, cons
     return gift_decode(p, payload, len, n, out);
 }
 
-static inline int gift__cpu_decode_acc(void *ctx, const gift_codec_params_t *p,
-                                       const void *payload, size_t len, size_t n, float *acc)
+static inline int gift__cpu_decode_acc(void *ctx, const gift_codec_params_t *p, const void *payload,
+                                       size_t len, size_t n, float *acc)
 {
     (void)ctx;
     return gift_decode_acc(p, payload, len, n, acc);
@@ -404,8 +404,8 @@ static inline GIFT__HD uint64_t gift__sr_mix64(uint64_t x)
 /* The Philox key of an SR key: (seed, rank, the step's high half). */
 static inline GIFT__HD void gift__sr_philox_key(const gift_sr_key_t *k, uint32_t key[2])
 {
-    uint64_t h = gift__sr_mix64(k->seed ^
-                                  gift__sr_mix64(((uint64_t)k->rank << 32) | (k->step >> 32)));
+    uint64_t h =
+        gift__sr_mix64(k->seed ^ gift__sr_mix64(((uint64_t)k->rank << 32) | (k->step >> 32)));
     key[0] = (uint32_t)h;
     key[1] = (uint32_t)(h >> 32);
 }

@@ -86,11 +86,12 @@ extern "C" {
 
 enum { GIFT_POLICY_ALL = 0, GIFT_POLICY_NONE = 1, GIFT_POLICY_AUTO = 2, GIFT_POLICY_HITS = 3 };
 
-#define GIFT_POLICY_HITS_DEFAULT 1e-3 /* boundary hits per element (our default, not the paper's)  \
-                                       */
-#define GIFT_POLICY_MIN_GAIN 0.01     /* hysteresis: a move must cut pred_err2 by more than 1% */
-#define GIFT_POLICY_MAX_OPTIONS 16    /* options per tensor (3 ranks x 4 formats + Euclidean) */
-#define GIFT_POLICY_INFEASIBLE 1      /* gift_policy_choose: the limits cannot be met */
+#define GIFT_POLICY_HITS_DEFAULT                                                                   \
+    1e-3                           /* boundary hits per element (our default, not the paper's)     \
+                                    */
+#define GIFT_POLICY_MIN_GAIN 0.01  /* hysteresis: a move must cut pred_err2 by more than 1% */
+#define GIFT_POLICY_MAX_OPTIONS 16 /* options per tensor (3 ranks x 4 formats + Euclidean) */
+#define GIFT_POLICY_INFEASIBLE 1   /* gift_policy_choose: the limits cannot be met */
 
 /* "all" | "none" | "auto" | "hits" -> GIFT_POLICY_*, else GIFT_EINVAL. */
 int gift_policy_parse(const char *s);

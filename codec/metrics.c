@@ -149,8 +149,8 @@ static double gift__whitened_sq(const double *X, int rows, int din, const double
 
 /* The whitened squared norms: *den = ||G L||^2 and, when Gh is not NULL,
  * *num = ||(Gh - G) L||^2. Returns 0 or a negative code, as gift_metric_whitened. */
-static int gift__whitened_norms(const float *G, const float *Gh, int rows, int din,
-                                const float *A, double damping, double *num, double *den)
+static int gift__whitened_norms(const float *G, const float *Gh, int rows, int din, const float *A,
+                                double damping, double *num, double *den)
 {
     double *V, *w, *X;
     size_t i, nd, nx;

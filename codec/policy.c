@@ -305,8 +305,9 @@ static int gp_tensor_build(const gift_policy_cfg_t *cfg, const gift_policy_in_t 
             o->k = m > 0 ? ks[m - 1] : 0;
             o->fmt = fmts[f];
             o->bits = gift_policy_bits(in, fmts[f], o->gift, cfg->sketch_always);
-            o->gflops = o->gift ? gift_transform_flops((double)in->rows, (int)in->cols, (int)o->k) / 1e9
-                                : 0.0;
+            o->gflops = o->gift
+                            ? gift_transform_flops((double)in->rows, (int)in->cols, (int)o->k) / 1e9
+                            : 0.0;
             if (o->bits < 0)
                 return GIFT_EINVAL;
         }

@@ -69,9 +69,12 @@ static uint32_t AVX2 avx2_amax_bits(const float *x, size_t n)
     size_t i = 0;
     for (; i + 32 <= n; i += 32) {
         m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i)), abs));
-        m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i + 8)), abs));
-        m2 = _mm256_max_epu32(m2, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i + 16)), abs));
-        m3 = _mm256_max_epu32(m3, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i + 24)), abs));
+        m1 = _mm256_max_epu32(m1,
+                              _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i + 8)), abs));
+        m2 = _mm256_max_epu32(
+            m2, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i + 16)), abs));
+        m3 = _mm256_max_epu32(
+            m3, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i + 24)), abs));
     }
     for (; i + 8 <= n; i += 8)
         m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256((const void *)(x + i)), abs));
@@ -134,9 +137,8 @@ static inline __m256 AVX2 fp8_raw8(const gift__minifmt_t *f, __m128i c8)
 
 /* Full vectors of one block: raw lanes times m1 (and then m2 when two);
  * out = or += . Returns the elements done. */
-static inline size_t AVX2 fp8_decode_lanes(const gift__minifmt_t *f, __m256 m1, __m256 m2,
-                                           int two, const uint8_t *codes, size_t len, float *out,
-                                           int acc)
+static inline size_t AVX2 fp8_decode_lanes(const gift__minifmt_t *f, __m256 m1, __m256 m2, int two,
+                                           const uint8_t *codes, size_t len, float *out, int acc)
 {
     size_t i = 0;
     for (; i + 8 <= len; i += 8) {
@@ -188,11 +190,14 @@ static int AVX2 avx2_byte_has_mask(const uint8_t *codes, size_t n, uint8_t mask)
     __m256i m0 = _mm256_setzero_si256(), m1 = m0;
     size_t i = 0;
     for (; i + 64 <= n; i += 64) {
-        m0 = _mm256_max_epu8(m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(codes + i)), vm));
-        m1 = _mm256_max_epu8(m1, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(codes + i + 32)), vm));
+        m0 = _mm256_max_epu8(
+            m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(codes + i)), vm));
+        m1 = _mm256_max_epu8(
+            m1, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(codes + i + 32)), vm));
     }
     for (; i + 32 <= n; i += 32)
-        m0 = _mm256_max_epu8(m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(codes + i)), vm));
+        m0 = _mm256_max_epu8(
+            m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(codes + i)), vm));
     int r = _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(m0, m1), vm)) != 0;
     for (; i < n; i++)
         r |= (codes[i] & mask) == mask;
@@ -209,9 +214,9 @@ static inline void AVX2 nvfp4_group_scales(const float *x, __m256 vst6, __m256 v
     uint32_t am[8];
     for (int j = 0; j < 8; j++) {
         const float *xb = x + 16 * j;
-        am[j] = hmax8(_mm256_max_epu32(
-            _mm256_and_si256(_mm256_loadu_si256((const __m256i *)xb), abs),
-            _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(xb + 8)), abs)));
+        am[j] = hmax8(
+            _mm256_max_epu32(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)xb), abs),
+                             _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(xb + 8)), abs)));
     }
     __m256 r = _mm256_div_ps(_mm256_loadu_ps((const float *)am), vst6);
     __m256i sbc = cvt8(&gift__fmt_e4m3, r);
@@ -225,8 +230,7 @@ static inline void AVX2 nvfp4_group_scales(const float *x, __m256 vst6, __m256 v
  * vector (nvfp4_group_scales), then each block converted with its broadcast
  * inverse. The next group's scales are computed before this group's blocks,
  * as in simd_avx512.c, so that serial chain overlaps the blocks' work. */
-static void AVX2 avx2_nvfp4_encode(const float *x, size_t n, float s_t, uint8_t *sb,
-                                   uint8_t *codes)
+static void AVX2 avx2_nvfp4_encode(const float *x, size_t n, float s_t, uint8_t *sb, uint8_t *codes)
 {
     const __m256 vst6 = _mm256_set1_ps(s_t * 6.0f), vst = _mm256_set1_ps(s_t);
     uint32_t sbc32[2][8];
@@ -279,10 +283,11 @@ static void AVX2 avx2_nvfp4_decode(const uint8_t *sb, float s_t, const uint8_t *
         float effs[8];
         size_t nb = (n - b0) / 16 < 8 ? 1 : 8;
         if (nb == 8)
-            _mm256_storeu_ps(effs, _mm256_mul_ps(
-                                       fp8_lanes_value8(&gift__fmt_e4m3, _mm256_cvtepu8_epi32(
-                                                            _mm_loadl_epi64((const __m128i *)(sb + bi)))),
-                                       _mm256_set1_ps(s_t)));
+            _mm256_storeu_ps(effs,
+                             _mm256_mul_ps(fp8_lanes_value8(&gift__fmt_e4m3,
+                                                            _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                                                (const __m128i *)(sb + bi)))),
+                                           _mm256_set1_ps(s_t)));
         else
             effs[0] = gift__mini_value(&gift__fmt_e4m3, sb[bi]) * s_t;
         for (size_t j = 0; j < nb; j++, b0 += 16, bi++) {
@@ -306,7 +311,8 @@ static void AVX2 avx2_nvfp4_decode(const uint8_t *sb, float s_t, const uint8_t *
     if (b0 < n) {
         float eff = gift__mini_value(&gift__fmt_e4m3, sb[bi]) * s_t;
         for (size_t j = b0; j < n; j++) {
-            float v = gift__mini_value(&gift__fmt_e2m1, (codes[j >> 1] >> ((j & 1) * 4)) & 0xF) * eff;
+            float v =
+                gift__mini_value(&gift__fmt_e2m1, (codes[j >> 1] >> ((j & 1) * 4)) & 0xF) * eff;
             if (acc)
                 out[j] += v;
             else
@@ -391,7 +397,8 @@ static void AVX2 avx2_f32_decode(const float *codes, size_t n, float *out, int a
         return;
     }
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_loadu_ps(codes + i)));
+        _mm256_storeu_ps(out + i,
+                         _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_loadu_ps(codes + i)));
     for (; i < n; i++)
         out[i] += gift__ldf(codes + i);
 }

@@ -144,9 +144,8 @@ static inline __m512 AVX512 fp8_raw16(const gift__minifmt_t *f, __m128i c8)
 }
 
 /* One block of raw lanes times m1 (and then m2 when two): out = or += . */
-static inline void AVX512 fp8_decode_lanes(const gift__minifmt_t *f, __m512 m1, __m512 m2,
-                                           int two, const uint8_t *codes, size_t len, float *out,
-                                           int acc)
+static inline void AVX512 fp8_decode_lanes(const gift__minifmt_t *f, __m512 m1, __m512 m2, int two,
+                                           const uint8_t *codes, size_t len, float *out, int acc)
 {
     size_t i = 0;
     for (; i + 16 <= len; i += 16) {
@@ -255,8 +254,8 @@ static inline __m512i AVX512 hmax16x16(const __m512i a[16])
 /* The block scales of sixteen blocks (256 elements at x) as one vector (same
  * divisions and roundings as the scalar path): their e4m3 codes into *sbc,
  * the inverses of their effective scales into inv (0 for a zero block). */
-static inline void AVX512 nvfp4_group_scales(const float *x, __m512 vst6, __m512 vst,
-                                             __m512i *sbc, float inv[16])
+static inline void AVX512 nvfp4_group_scales(const float *x, __m512 vst6, __m512 vst, __m512i *sbc,
+                                             float inv[16])
 {
     const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
     __m512i a[16];
@@ -292,8 +291,8 @@ static void AVX512 avx512_nvfp4_encode(const float *x, size_t n, float s_t, uint
         for (int j = 0; j < 16; j++) {
             __m128i packed = _mm_setzero_si128();
             if (inv[cur][j] != 0.0f) {
-                __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + g + 16 * j),
-                                         _mm512_set1_ps(inv[cur][j]));
+                __m512 y =
+                    _mm512_mul_ps(_mm512_loadu_ps(x + g + 16 * j), _mm512_set1_ps(inv[cur][j]));
                 packed = nib_pack(cvt16(&gift__fmt_e2m1, y));
             }
             _mm_storel_epi64((__m128i *)(codes + (g >> 1) + 8 * j), packed);
@@ -303,8 +302,8 @@ static void AVX512 avx512_nvfp4_encode(const float *x, size_t n, float s_t, uint
         gift__nvfp4_block(x + g, n - g < 16 ? n - g : 16, s_t, sb + g / 16, codes + (g >> 1));
 }
 
-static void AVX512 avx512_nvfp4_decode(const uint8_t *sb, float s_t, const uint8_t *codes,
-                                       size_t n, float *out, int acc)
+static void AVX512 avx512_nvfp4_decode(const uint8_t *sb, float s_t, const uint8_t *codes, size_t n,
+                                       float *out, int acc)
 {
     float lutf[16];
     for (int c = 0; c < 16; c++)
@@ -316,10 +315,10 @@ static void AVX512 avx512_nvfp4_decode(const uint8_t *sb, float s_t, const uint8
      * is the scalar path's one rounding), then two blocks per 16 code bytes. */
     for (; g + 256 <= n; g += 256) {
         float eff[16];
-        _mm512_storeu_ps(eff, _mm512_mul_ps(
-                                  fp8_lanes_value16(&gift__fmt_e4m3, _mm512_cvtepu8_epi32(
-                                                        _mm_loadu_si128((const __m128i *)(sb + g / 16)))),
-                                  _mm512_set1_ps(s_t)));
+        _mm512_storeu_ps(eff, _mm512_mul_ps(fp8_lanes_value16(&gift__fmt_e4m3,
+                                                              _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                                                  (const __m128i *)(sb + g / 16)))),
+                                            _mm512_set1_ps(s_t)));
         for (int j = 0; j < 16; j += 2) {
             __m128i raw = _mm_loadu_si128((const __m128i *)(codes + (g >> 1) + 8 * j));
             __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
@@ -436,10 +435,12 @@ static void AVX512 avx512_f32_decode(const float *codes, size_t n, float *out, i
     }
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(out + i), _mm512_loadu_ps(codes + i)));
+        _mm512_storeu_ps(out + i,
+                         _mm512_add_ps(_mm512_loadu_ps(out + i), _mm512_loadu_ps(codes + i)));
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
-        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + i), _mm512_maskz_loadu_ps(m, codes + i));
+        __m512 v =
+            _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + i), _mm512_maskz_loadu_ps(m, codes + i));
         _mm512_mask_storeu_ps(out + i, m, v);
     }
 }
@@ -480,8 +481,9 @@ static void AVX512 avx512_sub(const float *a, const float *b, size_t n, float *d
         _mm512_storeu_ps(dst + i, _mm512_sub_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(dst + i, m, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, a + i),
-                                                        _mm512_maskz_loadu_ps(m, b + i)));
+        _mm512_mask_storeu_ps(
+            dst + i, m,
+            _mm512_sub_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
     }
 }
 

@@ -133,7 +133,8 @@ int gift_auth_key_load(const char *path, gift_auth_key_t *key, char *err, size_t
         memcmp(key->bytes, GIFT_AUTH_RANK_KEY_TAG " ", sizeof GIFT_AUTH_RANK_KEY_TAG) == 0) {
         rc = rank_key_parse(key, len);
         if (rc < 0) {
-            snprintf(err, errlen, "auth key file %s starts with \"%s\" but is not \"%s RANK "
+            snprintf(err, errlen,
+                     "auth key file %s starts with \"%s\" but is not \"%s RANK "
                      "HEX\" with a rank below 65536 and %d hex digits",
                      path, GIFT_AUTH_RANK_KEY_TAG, GIFT_AUTH_RANK_KEY_TAG,
                      2 * GIFT_AUTH_RANK_KEY_BYTES);

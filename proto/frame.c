@@ -81,7 +81,7 @@ struct gift_reader {
     size_t sink_len, sink_got;
     int sink_drop;
     int reserved_sink; /* the last reserve handed out sink (or the drop area) */
-    int err; /* sticky stream error, 0 while the stream is sound */
+    int err;           /* sticky stream error, 0 while the stream is sound */
     uint64_t allocs;
     arena_t arena;
 };

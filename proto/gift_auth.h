@@ -52,12 +52,11 @@ typedef struct gift_auth_key {
 /* Reads the shared secret from path: the file's bytes with trailing
  * whitespace (spaces, tabs, CR, LF) removed, between GIFT_AUTH_KEY_MIN and
  * GIFT_AUTH_KEY_MAX bytes; or, when the file starts with
- * GIFT_AUTH_RANK_KEY_TAG, one rank's key (key->rank_bound set). The file must be a regular file that others
- * (neither owner nor group) can neither read nor write; a group-readable
- * file is accepted with a warning sentence in warn (warn[0] == 0 when none).
- * Returns 0, or GIFT_ECONFIG with a sentence in err (missing, unreadable,
- * not a regular file, world-accessible, empty, too short or too long). The
- * sentences name the path, never the contents. */
+ * GIFT_AUTH_RANK_KEY_TAG, one rank's key (key->rank_bound set). The file must be a regular file
+ * that others (neither owner nor group) can neither read nor write; a group-readable file is
+ * accepted with a warning sentence in warn (warn[0] == 0 when none). Returns 0, or GIFT_ECONFIG
+ * with a sentence in err (missing, unreadable, not a regular file, world-accessible, empty, too
+ * short or too long). The sentences name the path, never the contents. */
 int gift_auth_key_load(const char *path, gift_auth_key_t *key, char *err, size_t errlen, char *warn,
                        size_t warnlen);
 

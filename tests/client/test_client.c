@@ -1036,7 +1036,7 @@ START_TEST(test_timeout)
     o.codec_threads = codec_threads_of(_i);
     o.servers = servers;
     o.rank = 0;
-    o.world_size = 2; /* rank 1 never comes */
+    o.world_size = 2;                    /* rank 1 never comes */
     setenv("GIFT_TIMEOUT_MS", "300", 1); /* the operation timeout from the environment */
     ck_assert_int_eq(gift_client_open(&o, &c), 0);
     unsetenv("GIFT_TIMEOUT_MS");
@@ -1109,9 +1109,16 @@ START_TEST(test_errors)
     o.codec_threads = -1;
     {
         /* Not a count of threads 0..64: refused before any thread is made. */
-        static const char *bad[] = {"two", "65", "-1", " 2", "2x", "4294967295",
-                                    "4294967296", "18446744073709551615",
-                                    "18446744073709551616", "999999999999999999999999"};
+        static const char *bad[] = {"two",
+                                    "65",
+                                    "-1",
+                                    " 2",
+                                    "2x",
+                                    "4294967295",
+                                    "4294967296",
+                                    "18446744073709551615",
+                                    "18446744073709551616",
+                                    "999999999999999999999999"};
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
             setenv("GIFT_CODEC_THREADS", bad[i], 1);
             rc = gift_client_open(&o, &c);
@@ -1272,9 +1279,8 @@ START_TEST(test_ef_exact)
     for (int s = 0; s < STEPS; s++) {
         for (int i = 0; i < NT; i++) {
             gen(g[i], (size_t)T[i].rows * T[i].cols, i, 0, (uint64_t)s, 1e-2);
-            ck_assert_int_eq(gift_push_pull(c, (uint32_t)i, (uint64_t)s, g[i], out[i], NULL,
-                                            NULL, &ops[i]),
-                             0);
+            ck_assert_int_eq(
+                gift_push_pull(c, (uint32_t)i, (uint64_t)s, g[i], out[i], NULL, NULL, &ops[i]), 0);
         }
         for (int i = 0; i < NT; i++) {
             int rc = gift_op_wait(ops[i]);
@@ -1302,8 +1308,8 @@ START_TEST(test_ef_exact)
                 ck_assert_int_eq(gift_encode(&p, v, per, pay, cap), 0);
                 ck_assert_int_eq(gift_decode(&p, pay, cap, per, d), 0);
                 for (size_t k = 0; k < per; k++) {
-                    float got = i == NT - 2 ? out[i + (c0 + k >= SMALL)][(c0 + k) % SMALL]
-                                            : out[i][c0 + k];
+                    float got =
+                        i == NT - 2 ? out[i + (c0 + k >= SMALL)][(c0 + k) % SMALL] : out[i][c0 + k];
                     ei[c0 + k] = v[k] - d[k];
                     if (got != d[k])
                         ck_abort_msg("step %d %s element %zu: pulled %.9g, reference %.9g "
@@ -1482,15 +1488,14 @@ START_TEST(test_zero_copy)
                           gift_strerror(rc));
             /* Every chunk checked where it was, none copied; the pull may
              * have received the chunks that went out before the failure. */
-            ck_assert_msg(PASS_D(k0, k1, GIFT_PASS_ENCODE) == 0 &&
-                              PASS_D(k0, k1, GIFT_PASS_CHECK) >= nb &&
-                              PASS_D(k0, k1, GIFT_PASS_CHECK) + PASS_D(k0, k1, GIFT_PASS_DECODE) <
-                                  2 * nb,
-                          "step %d: encode %llu check %llu decode %llu bytes, want 0, at least "
-                          "%zu, and check + decode below %zu",
-                          step, (unsigned long long)PASS_D(k0, k1, GIFT_PASS_ENCODE),
-                          (unsigned long long)PASS_D(k0, k1, GIFT_PASS_CHECK),
-                          (unsigned long long)PASS_D(k0, k1, GIFT_PASS_DECODE), nb, 2 * nb);
+            ck_assert_msg(
+                PASS_D(k0, k1, GIFT_PASS_ENCODE) == 0 && PASS_D(k0, k1, GIFT_PASS_CHECK) >= nb &&
+                    PASS_D(k0, k1, GIFT_PASS_CHECK) + PASS_D(k0, k1, GIFT_PASS_DECODE) < 2 * nb,
+                "step %d: encode %llu check %llu decode %llu bytes, want 0, at least "
+                "%zu, and check + decode below %zu",
+                step, (unsigned long long)PASS_D(k0, k1, GIFT_PASS_ENCODE),
+                (unsigned long long)PASS_D(k0, k1, GIFT_PASS_CHECK),
+                (unsigned long long)PASS_D(k0, k1, GIFT_PASS_DECODE), nb, 2 * nb);
             /* The same step again, clean: the chunks that went out from grad
              * are acknowledged as duplicates. */
             memcpy(g, keep, nb);
@@ -1522,8 +1527,7 @@ START_TEST(test_zero_copy)
                           (unsigned long long)(k1.payload_out - k0.payload_out),
                           (unsigned long long)(k1.payload_in - k0.payload_in), nb);
             ck_assert_msg(k1.io_cpu_ns > k0.io_cpu_ns, "step %d: I/O thread CPU %llu -> %llu ns",
-                          step, (unsigned long long)k0.io_cpu_ns,
-                          (unsigned long long)k1.io_cpu_ns);
+                          step, (unsigned long long)k0.io_cpu_ns, (unsigned long long)k1.io_cpu_ns);
         }
     }
     gift_client_close(c);
@@ -1569,8 +1573,15 @@ END_TEST
  * bytes must come back with 0, 1 and 2 codec threads (each path cuts the
  * tensor into the same chunks); and the geometry must not be the identity
  * (some pulled element differs from g). */
-enum { CT_ROWS = 200, CT_ROWS_D = 171, CT_ROWS_1 = 60, CT_CROWS = 85, CT_STEPS = 8,
-       CT_INPUTS = 128, CT_N = 3 };
+enum {
+    CT_ROWS = 200,
+    CT_ROWS_D = 171,
+    CT_ROWS_1 = 60,
+    CT_CROWS = 85,
+    CT_STEPS = 8,
+    CT_INPUTS = 128,
+    CT_N = 3
+};
 
 static uint64_t chunked_run(int threads, double *worst, int *moved)
 {
@@ -1618,8 +1629,7 @@ static uint64_t chunked_run(int threads, double *worst, int *moved)
             if (s % 2 == 0) {
                 gen(X, (size_t)CT_INPUTS * GEO_DIN, 50 + i, 0, (uint64_t)s, 1.0);
                 geo_shape(X, CT_INPUTS);
-                ck_assert_int_eq(gift_sketch_inputs(c, (uint32_t)i, (uint64_t)s, X, CT_INPUTS),
-                                 0);
+                ck_assert_int_eq(gift_sketch_inputs(c, (uint32_t)i, (uint64_t)s, X, CT_INPUTS), 0);
             }
             gen(g[i], n[i], 60 + i, 0, (uint64_t)s, 1.0);
             geo_shape(g[i], rows[i]);
@@ -1663,8 +1673,10 @@ START_TEST(test_chunked_transform)
     for (int i = 0; i < 3; i++)
         h[i] = chunked_run(i, &worst[i], &moved[i]);
     for (int i = 0; i < 3; i++)
-        ck_assert_msg(moved[i] > 0, "codec threads %d: every pulled element equals g, so T was "
-                      "the identity throughout (relL2 %g)", i, worst[i]);
+        ck_assert_msg(moved[i] > 0,
+                      "codec threads %d: every pulled element equals g, so T was "
+                      "the identity throughout (relL2 %g)",
+                      i, worst[i]);
     ck_assert_msg(h[0] == h[1] && h[0] == h[2],
                   "the pulled bytes depend on the codec threads: hashes %016llx (0) %016llx (1) "
                   "%016llx (2); worst relL2 %g %g %g",

@@ -119,8 +119,8 @@ static int daemon_start(int shard, int count)
                     /* rank mode: 2 tensors x 8 x 256 x 64 x k / 1e9 GFLOP under
                      * 6e-4 only at k = 2 (k_max / 4) for both */
                     (char *)(g_rank_mode ? "0.0006" : "7"), (char *)"--log-level", (char *)"info",
-                    (char *)"--shard-id", sid, (char *)"--num-shards", ns, NULL, NULL, NULL,
-                    NULL, NULL};
+                    (char *)"--shard-id", sid, (char *)"--num-shards", ns, NULL, NULL, NULL, NULL,
+                    NULL};
     char portv[16], cs[16];
     int out[2], log_fd, port = 0;
     size_t len = 0;
@@ -630,14 +630,13 @@ START_TEST(test_budget_kill)
     for (int s = 0; s < STEPS; s++)
         for (int i = 0; i < NT; i++)
             for (int r = 0; r < WORLD; r++)
-                ck_assert_msg(res[r].hash[s][i] == ref[r].hash[s][i] &&
-                                  res[r].fmt[s][i] == ref[r].fmt[s][i],
-                              "worker %d step %d tensor %d: after the kill at step %d the mean "
-                              "(hash %016llx, format mask %d) differs from the fault-free run's "
-                              "(%016llx, mask %d); giftd log %s",
-                              r, s, i, KILL_AT, (unsigned long long)res[r].hash[s][i],
-                              res[r].fmt[s][i], (unsigned long long)ref[r].hash[s][i],
-                              ref[r].fmt[s][i], daemon_log[0]);
+                ck_assert_msg(
+                    res[r].hash[s][i] == ref[r].hash[s][i] && res[r].fmt[s][i] == ref[r].fmt[s][i],
+                    "worker %d step %d tensor %d: after the kill at step %d the mean "
+                    "(hash %016llx, format mask %d) differs from the fault-free run's "
+                    "(%016llx, mask %d); giftd log %s",
+                    r, s, i, KILL_AT, (unsigned long long)res[r].hash[s][i], res[r].fmt[s][i],
+                    (unsigned long long)ref[r].hash[s][i], ref[r].fmt[s][i], daemon_log[0]);
     snprintf(cmd, sizeof cmd, "grep -q 'restored from' %s", daemon_log[0]);
     ck_assert_msg(system(cmd) == 0, "the restarted giftd did not restore; log %s", daemon_log[0]);
     unlink(daemon_log[0]);

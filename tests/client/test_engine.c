@@ -620,14 +620,13 @@ START_TEST(test_sink)
     ck_assert_int_eq(gift__eng_frame(C, c0->shard, f), 0);
     k1 = k0;
     ck_assert_int_eq(gift_client_counters(C, &k1), 0);
-    ck_assert_msg(k1.pass_bytes[GIFT_PASS_CHECK] - k0.pass_bytes[GIFT_PASS_CHECK] == n4 &&
-                      k1.pass_bytes[GIFT_PASS_DECODE] == k0.pass_bytes[GIFT_PASS_DECODE],
-                  "received in place: check +%llu decode +%llu bytes, want +%llu and 0",
-                  (unsigned long long)(k1.pass_bytes[GIFT_PASS_CHECK] -
-                                       k0.pass_bytes[GIFT_PASS_CHECK]),
-                  (unsigned long long)(k1.pass_bytes[GIFT_PASS_DECODE] -
-                                       k0.pass_bytes[GIFT_PASS_DECODE]),
-                  (unsigned long long)n4);
+    ck_assert_msg(
+        k1.pass_bytes[GIFT_PASS_CHECK] - k0.pass_bytes[GIFT_PASS_CHECK] == n4 &&
+            k1.pass_bytes[GIFT_PASS_DECODE] == k0.pass_bytes[GIFT_PASS_DECODE],
+        "received in place: check +%llu decode +%llu bytes, want +%llu and 0",
+        (unsigned long long)(k1.pass_bytes[GIFT_PASS_CHECK] - k0.pass_bytes[GIFT_PASS_CHECK]),
+        (unsigned long long)(k1.pass_bytes[GIFT_PASS_DECODE] - k0.pass_bytes[GIFT_PASS_DECODE]),
+        (unsigned long long)n4);
     turn();
     f = reply_head(&h, 0, c0->idx, 0, GIFT__FORMAT__FORMAT_F32, n4);
     ck_assert_msg(gift__eng_sink(C, c0->shard, f) == NULL, "chunk 0 sunk again once it is in");
@@ -756,11 +755,13 @@ START_TEST(test_chunk_bytes_env)
         setenv("GIFT_CHUNK_BYTES", cases[i].env, 1);
         rc = gift__client_new(&o, &c);
         unsetenv("GIFT_CHUNK_BYTES");
-        ck_assert_msg(rc == cases[i].rc, "GIFT_CHUNK_BYTES='%s', chunk_bytes %" PRIu64
-                      ": open returned %d, want %d", cases[i].env, cases[i].opt, rc, cases[i].rc);
+        ck_assert_msg(rc == cases[i].rc,
+                      "GIFT_CHUNK_BYTES='%s', chunk_bytes %" PRIu64 ": open returned %d, want %d",
+                      cases[i].env, cases[i].opt, rc, cases[i].rc);
         if (rc == 0) {
-            ck_assert_msg(c->chunk_bytes == cases[i].want, "GIFT_CHUNK_BYTES='%s': chunk_bytes %"
-                          PRIu64 ", want %" PRIu64, cases[i].env, c->chunk_bytes, cases[i].want);
+            ck_assert_msg(c->chunk_bytes == cases[i].want,
+                          "GIFT_CHUNK_BYTES='%s': chunk_bytes %" PRIu64 ", want %" PRIu64,
+                          cases[i].env, c->chunk_bytes, cases[i].want);
             gift_client_close(c);
         } else {
             ck_assert_ptr_null(c);

@@ -2276,14 +2276,16 @@ START_TEST(test_encode_mean_ef)
                             while (a[k] == b[k])
                                 k++;
                             ck_abort_msg("%s block %u path %d n %zu step %d: byte %zu of %zu: "
-                                         "0x%02x vs 0x%02x", gift_format_name(p.fmt), p.block,
-                                         path, n, step, k, l.total, a[k], b[k]);
+                                         "0x%02x vs 0x%02x",
+                                         gift_format_name(p.fmt), p.block, path, n, step, k,
+                                         l.total, a[k], b[k]);
                         }
                         for (size_t i = 0; i < n; i++)
                             if (memcmp(&ea[i], &eb[i], sizeof(float)) != 0)
                                 ck_abort_msg("%s block %u path %d n %zu step %d: residual %zu "
-                                             "%.9g vs %.9g", gift_format_name(p.fmt), p.block,
-                                             path, n, step, i, (double)ea[i], (double)eb[i]);
+                                             "%.9g vs %.9g",
+                                             gift_format_name(p.fmt), p.block, path, n, step, i,
+                                             (double)ea[i], (double)eb[i]);
                         compared++;
                     }
                 }
@@ -2344,7 +2346,7 @@ START_TEST(test_decode_encode_mean)
     fill_varied(x, nmax, &seed);
     fill_varied(acc, nmax, &seed);
     for (size_t i = 0; i < nmax; i += 11)
-        acc[i] = -x[i]; /* sums of exactly zero and -0 */
+        acc[i] = -x[i];               /* sums of exactly zero and -0 */
     for (size_t i = 0; i < nmax; i++) /* a residual for the _ef pair, some of it zero */
         e0[i] = i % 5 == 0 ? 0.0f : x[(i * 7) % nmax] * 1e-3f;
     for (int path = 0; path < 3; path++) {
@@ -2450,9 +2452,8 @@ START_TEST(test_decode_encode_mean)
         ck_assert_int_eq(gift_encode(&pi, big, n, pay, cap), 0);
         for (int pf = 0; pf < 2; pf++) { /* the pull in fp8, then nvfp4 */
             po.fmt = pf ? GIFT_FMT_NVFP4 : GIFT_FMT_E4M3;
-            ck_assert_int_eq(
-                gift_decode_encode_mean(&pi, pay, li.total, big, n, 0.5f, &po, b, cap),
-                GIFT_ENONFINITE);
+            ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, big, n, 0.5f, &po, b, cap),
+                             GIFT_ENONFINITE);
             memcpy(eb, e0, n * sizeof *eb);
             ck_assert_int_eq(
                 gift_decode_encode_mean_ef(&pi, pay, li.total, big, n, 0.5f, &po, eb, b, cap),
@@ -2478,9 +2479,9 @@ START_TEST(test_decode_encode_mean)
         ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total, NULL, n, 0.5f, &po, b, cap),
                          GIFT_EINVAL);
         po.stochastic = 0;
-        ck_assert_int_eq(gift_decode_encode_mean(&pi, pay, li.total - 64, NULL, n, 0.5f, &po, b,
-                                                 cap),
-                         GIFT_ENOSPC);
+        ck_assert_int_eq(
+            gift_decode_encode_mean(&pi, pay, li.total - 64, NULL, n, 0.5f, &po, b, cap),
+            GIFT_ENOSPC);
     }
     free(x);
     free(acc);
@@ -2514,8 +2515,10 @@ START_TEST(test_unaligned_decode)
         if (gift_simd_force((gift_simd_t)(k / (sizeof fmts / sizeof fmts[0]))) != 0)
             continue; /* this CPU lacks that path */
         ck_assert_int_eq(gift_layout(&p, n, &l), 0);
-        ck_assert_msg(gift_encode(&p, x, n, buf, 8192) == 0, "encode %s", gift_format_name(fmts[f]));
-        ck_assert_msg(gift_decode(&p, buf, l.total, n, a) == 0, "decode %s", gift_format_name(fmts[f]));
+        ck_assert_msg(gift_encode(&p, x, n, buf, 8192) == 0, "encode %s",
+                      gift_format_name(fmts[f]));
+        ck_assert_msg(gift_decode(&p, buf, l.total, n, a) == 0, "decode %s",
+                      gift_format_name(fmts[f]));
         for (size_t off = 1; off < 4; off++) {
             memcpy(mis + off, buf, l.total);
             ck_assert_msg(gift_decode(&p, mis + off, l.total, n, b) == 0, "decode %s at +%zu",
@@ -2524,8 +2527,8 @@ START_TEST(test_unaligned_decode)
                           gift_format_name(fmts[f]), off);
             for (size_t i = 0; i < n; i++)
                 b[i] = 1.0f;
-            ck_assert_msg(gift_decode_acc(&p, mis + off, l.total, n, b) == 0, "decode_acc %s at +%zu",
-                          gift_format_name(fmts[f]), off);
+            ck_assert_msg(gift_decode_acc(&p, mis + off, l.total, n, b) == 0,
+                          "decode_acc %s at +%zu", gift_format_name(fmts[f]), off);
             for (size_t i = 0; i < n; i++)
                 ck_assert_msg(b[i] == 1.0f + a[i], "%s acc at +%zu element %zu: %a != 1 + %a",
                               gift_format_name(fmts[f]), off, i, b[i], a[i]);

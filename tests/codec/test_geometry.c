@@ -775,10 +775,10 @@ START_TEST(test_copy)
 END_TEST
 
 /* The dense form (T and T^-1 as matrices, gift_geometry_dense_floats): kept
- * for 2 k >= din only, never by gift_geometry_init_thin; in place gives the same bits as not, for one row (the
- * thin fallback: rows * k < din) and many (row blocks at k = 60); it agrees
- * with the thin form of the same epoch to fp32 rounding; a copy forms the
- * same matrices; a rank lowered below din / 2 and an identity epoch use none. */
+ * for 2 k >= din only, never by gift_geometry_init_thin; in place gives the same bits as not, for
+ * one row (the thin fallback: rows * k < din) and many (row blocks at k = 60); it agrees with the
+ * thin form of the same epoch to fp32 rounding; a copy forms the same matrices; a rank lowered
+ * below din / 2 and an identity epoch use none. */
 START_TEST(test_dense_form)
 {
     static const int ranks[3] = {48, 60, FX_DIN};
@@ -833,8 +833,8 @@ START_TEST(test_dense_form)
                 ck_assert_int_eq(gift_transform(&g, inv, G, rows, a, work), 0);
                 memcpy(b, G, m * 4);
                 ck_assert_int_eq(gift_transform(&g, inv, b, rows, b, work), 0);
-                ck_assert_msg(memcmp(a, b, m * 4) == 0, "k=%d inv=%d rows=%d: in place differs",
-                              k, inv, rows);
+                ck_assert_msg(memcmp(a, b, m * 4) == 0, "k=%d inv=%d rows=%d: in place differs", k,
+                              inv, rows);
                 ck_assert_int_eq(gift_transform(&t, inv, G, rows, b, work), 0);
                 e = rel_err_ff(a, b, m);
                 ck_assert_msg(e < 1e-5, "k=%d inv=%d rows=%d: dense vs thin rel err %g", k, inv,
@@ -855,8 +855,7 @@ START_TEST(test_dense_form)
                           inv);
             memcpy(a, G + FX_DIN, FX_DIN * 4);
             ck_assert_int_eq(gift_transform_ws(&g, inv, a, 1, a, work, FX_ROWS), 0);
-            ck_assert_msg(memcmp(a, b, FX_DIN * 4) == 0, "k=%d inv=%d: in place differs", k,
-                          inv);
+            ck_assert_msg(memcmp(a, b, FX_DIN * 4) == 0, "k=%d inv=%d: in place differs", k, inv);
             ck_assert_int_eq(gift_transform_ws(&g, inv, G, 2, a, work, 1), GIFT_EINVAL);
         }
         gift_geometry_free(&t);
@@ -918,9 +917,9 @@ START_TEST(test_load)
         h.d_inv = malloc((size_t)g.k * sizeof(float));
         ck_assert_ptr_nonnull(h.U);
         ck_assert_ptr_nonnull(h.d_inv);
-        ck_assert_int_eq(gift_geometry_load(&h, g.U, g.lambda, g.trace, g.sigma2, g.delta,
-                                            g.epoch, g.identity),
-                         0);
+        ck_assert_int_eq(
+            gift_geometry_load(&h, g.U, g.lambda, g.trace, g.sigma2, g.delta, g.epoch, g.identity),
+            0);
         ck_assert_uint_eq(h.epoch, g.epoch);
         ck_assert_int_eq(h.identity, 0);
         ck_assert_msg(memcmp(&h.c, &g.c, sizeof g.c) == 0 &&
@@ -939,9 +938,8 @@ START_TEST(test_load)
                           "k=%d inverse=%d: the loaded transform differs", k, inv);
         }
         /* In place (U and lambda already in h's buffers), as a receiver does. */
-        ck_assert_int_eq(gift_geometry_load(&h, h.U, h.lambda, g.trace, g.sigma2, g.delta,
-                                            g.epoch, 0),
-                         0);
+        ck_assert_int_eq(
+            gift_geometry_load(&h, h.U, h.lambda, g.trace, g.sigma2, g.delta, g.epoch, 0), 0);
         ck_assert_int_eq(gift_transform(&h, 0, G, FX_ROWS, b, work), 0);
         ck_assert_int_eq(gift_transform(&g, 0, G, FX_ROWS, a, work), 0);
         ck_assert_msg(memcmp(a, b, (size_t)FX_ROWS * FX_DIN * 4) == 0, "k=%d: in-place load", k);
@@ -949,13 +947,13 @@ START_TEST(test_load)
         {
             float bad = g.lambda[0];
             g.lambda[0] = -1.0f;
-            ck_assert_int_eq(gift_geometry_load(&h, g.U, g.lambda, g.trace, g.sigma2, g.delta,
-                                                g.epoch + 1, 0),
-                             GIFT_EINVAL);
+            ck_assert_int_eq(
+                gift_geometry_load(&h, g.U, g.lambda, g.trace, g.sigma2, g.delta, g.epoch + 1, 0),
+                GIFT_EINVAL);
             g.lambda[0] = bad;
-            ck_assert_int_eq(gift_geometry_load(&h, g.U, g.lambda, g.trace, -1.0, g.delta,
-                                                g.epoch + 1, 0),
-                             GIFT_EINVAL);
+            ck_assert_int_eq(
+                gift_geometry_load(&h, g.U, g.lambda, g.trace, -1.0, g.delta, g.epoch + 1, 0),
+                GIFT_EINVAL);
             ck_assert_uint_eq(h.epoch, g.epoch);
         }
         /* An identity epoch keeps U as the basis and maps G to itself. */

@@ -67,16 +67,16 @@ typedef enum gift_codec {
 /* Options of gift_client_open. Zero means "default" for every field;
  * initialise with GIFT_CLIENT_OPTS_INIT. */
 typedef struct gift_client_opts {
-    size_t size;               /* sizeof(gift_client_opts_t) */
-    const char *servers;       /* "host:port,host:port,..." in shard order; NULL: $GIFT_SERVERS */
-    int rank;                  /* -1: $GIFT_RANK, else $RANK */
-    int world_size;            /* 0: $GIFT_WORLD, else $WORLD_SIZE */
-    uint64_t chunk_bytes;      /* largest chunk in FP32 bytes; 0: $GIFT_CHUNK_BYTES, else 4 MiB */
-    uint32_t timeout_ms;       /* per operation; 0: $GIFT_TIMEOUT_MS, else 60000 */
+    size_t size;                 /* sizeof(gift_client_opts_t) */
+    const char *servers;         /* "host:port,host:port,..." in shard order; NULL: $GIFT_SERVERS */
+    int rank;                    /* -1: $GIFT_RANK, else $RANK */
+    int world_size;              /* 0: $GIFT_WORLD, else $WORLD_SIZE */
+    uint64_t chunk_bytes;        /* largest chunk in FP32 bytes; 0: $GIFT_CHUNK_BYTES, else 4 MiB */
+    uint32_t timeout_ms;         /* per operation; 0: $GIFT_TIMEOUT_MS, else 60000 */
     uint32_t connect_timeout_ms; /* giving up on reaching a shard; 0: 30000 */
-    uint32_t backoff_max_ms;   /* reconnect backoff cap; 0: 2000 */
-    uint64_t seed;             /* stochastic rounding and epoch-0 bases; 0: 1 */
-    const char *name;          /* shown in the shards' logs; NULL: "gift-<pid>" */
+    uint32_t backoff_max_ms;     /* reconnect backoff cap; 0: 2000 */
+    uint64_t seed;               /* stochastic rounding and epoch-0 bases; 0: 1 */
+    const char *name;            /* shown in the shards' logs; NULL: "gift-<pid>" */
     /* The shards' shared secret (their auth_key_file): NULL: $GIFT_AUTH_KEY_FILE; unset or
      * empty: no authentication. With a key the client proves it at Hello and refuses any
      * shard that does not prove it back; the file must not be readable by other users. */
@@ -99,8 +99,10 @@ typedef struct gift_client_opts {
     int codec_threads;
 } gift_client_opts_t;
 
-#define GIFT_CLIENT_OPTS_INIT \
-    {sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL, -1}
+#define GIFT_CLIENT_OPTS_INIT                                                                      \
+    {                                                                                              \
+        sizeof(gift_client_opts_t), NULL, -1, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL, -1               \
+    }
 
 /* Opens a client: reads what opts leaves unset from the environment, starts
  * the I/O thread and connects to every shard (Hello). Returns 0 and *out, or
@@ -127,22 +129,22 @@ void gift_client_close(gift_client_t *c);
 
 /* One tensor. Initialise with GIFT_TENSOR_INIT. */
 typedef struct gift_tensor_desc {
-    size_t size;           /* sizeof(gift_tensor_desc_t) */
+    size_t size; /* sizeof(gift_tensor_desc_t) */
     const char *name;
-    uint32_t rows, cols;   /* a 1-D tensor is 1 x n */
+    uint32_t rows, cols; /* a 1-D tensor is 1 x n */
     gift_codec_t push_codec;
     gift_codec_t pull_codec;
-    uint32_t fp8_block;    /* 0: 128 */
-    int geometry;          /* 1: GIFT transform (2-D weights); 0: Euclidean */
-    uint32_t rank;         /* transform rank k; 0: the default policy */
-    uint32_t refresh;      /* sketch every `refresh` steps; 0: 50 */
-    int error_feedback;    /* keep the residual of the push encoding */
-    int stochastic;        /* stochastic rounding for pushes */
-    int priority;          /* larger goes first; 0: declaration order (see below) */
+    uint32_t fp8_block; /* 0: 128 */
+    int geometry;       /* 1: GIFT transform (2-D weights); 0: Euclidean */
+    uint32_t rank;      /* transform rank k; 0: the default policy */
+    uint32_t refresh;   /* sketch every `refresh` steps; 0: 50 */
+    int error_feedback; /* keep the residual of the push encoding */
+    int stochastic;     /* stochastic rounding for pushes */
+    int priority;       /* larger goes first; 0: declaration order (see below) */
     /* Where this tensor's buffers live (added in 0.1 after priority; a caller
      * built against an older header passes a smaller size and gets host). */
-    int memory;            /* GIFT_MEMORY_HOST (0) or GIFT_MEMORY_CUDA (1) */
-    int device;            /* GIFT_MEMORY_CUDA: the CUDA device ordinal of its buffers */
+    int memory; /* GIFT_MEMORY_HOST (0) or GIFT_MEMORY_CUDA (1) */
+    int device; /* GIFT_MEMORY_CUDA: the CUDA device ordinal of its buffers */
     /* Error feedback on the pulled mean (added in 0.1 after device): with a
      * lossy pull codec (bf16, fp8, nvfp4) the shards keep the residual of each
      * step's mean encoding and add it to the next step's mean, so the pulled
@@ -165,8 +167,10 @@ typedef struct gift_tensor_desc {
     int transform;
 } gift_tensor_desc_t;
 
-#define GIFT_TENSOR_INIT \
-    {sizeof(gift_tensor_desc_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define GIFT_TENSOR_INIT                                                                           \
+    {                                                                                              \
+        sizeof(gift_tensor_desc_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0              \
+    }
 
 /* Treatments of gift_tensor_desc_t.transform. */
 #define GIFT_TRANSFORM_NONE 0     /* Euclidean, or GIFT where geometry is on */
@@ -231,10 +235,10 @@ typedef struct gift_tensor_desc {
  * default to the order a backward pass produces gradients: later-declared
  * tensors are pushed first and pulled last. Every rank must give each
  * tensor the same memory kind: device tensors are never fused, so the kind
- * of a small tensor changes the list the shards see (GIFT_EDIGEST). Returns 0, GIFT_EINVAL, GIFT_ENODEV (a device tensor, and
- * no CUDA or no such device), GIFT_EDIGEST (a shard holds a different list),
- * GIFT_ETIMEDOUT, GIFT_ENOMEM, GIFT_EIO (a CUDA call failed; said on
- * stderr). Call once per client. */
+ * of a small tensor changes the list the shards see (GIFT_EDIGEST). Returns 0, GIFT_EINVAL,
+ * GIFT_ENODEV (a device tensor, and no CUDA or no such device), GIFT_EDIGEST (a shard holds a
+ * different list), GIFT_ETIMEDOUT, GIFT_ENOMEM, GIFT_EIO (a CUDA call failed; said on stderr). Call
+ * once per client. */
 int gift_declare(gift_client_t *c, const gift_tensor_desc_t *tensors, size_t n);
 
 /* Completion callback: status is 0 or a negative code. Runs on the I/O
@@ -300,7 +304,7 @@ void gift_op_free(gift_op_t *op);
 /* Counters of this client (for tests and benchmarks). */
 typedef struct gift_client_stats {
     uint64_t frames_out, frames_in;
-    uint64_t bytes_out, bytes_in;   /* wire bytes, headers included */
+    uint64_t bytes_out, bytes_in; /* wire bytes, headers included */
     uint64_t reconnects, replays;
     uint32_t epochs_switched;
 } gift_client_stats_t;
@@ -327,10 +331,10 @@ enum {
 const char *gift_pass_name(int kind);
 
 typedef struct gift_client_counters {
-    size_t size;                 /* sizeof(gift_client_counters_t), set by the caller */
-    uint64_t io_cpu_ns;          /* CPU time of the client's I/O thread, user + system */
-    uint64_t payload_out;        /* push and sketch payload bytes written (headers not) */
-    uint64_t payload_in;         /* pull reply and geometry payload bytes read */
+    size_t size;          /* sizeof(gift_client_counters_t), set by the caller */
+    uint64_t io_cpu_ns;   /* CPU time of the client's I/O thread, user + system */
+    uint64_t payload_out; /* push and sketch payload bytes written (headers not) */
+    uint64_t payload_in;  /* pull reply and geometry payload bytes read */
     uint64_t pass_bytes[GIFT_PASS_KINDS];
     /* CPU time of the codec threads (opts.codec_threads), summed, as each finishes a job
      * (added after pass_bytes: a smaller size does not get it). */
