@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 
 JOBS="${GIFT_JOBS:-2}"
+
+# One formatting rule (.clang-format, clang-format 14): a file that does not
+# follow it fails here, before anything is built; scripts/format.sh fixes it.
+scripts/format.sh --check
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 
 run_build() {
