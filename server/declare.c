@@ -117,6 +117,17 @@ static int tensor_read(gift_shard_t *s, tensor_t *t, const Gift__TensorDecl *td,
         snprintf(why, whylen, "tensor %u has an unknown codec or block size", td->key);
         return GIFT_ECODEC;
     }
+    /* The shard does no math for a rotation, but a value no worker knows
+     * (2^32-1 from a hostile Declare) or a rotation on top of the geometry
+     * would fix a tensor list no real worker can match. */
+    if ((uint32_t)td->transform > GIFT__TRANSFORM__TRANSFORM_HADAMARD ||
+        (td->transform != GIFT__TRANSFORM__TRANSFORM_NONE && td->geometry)) {
+        snprintf(why, whylen,
+                 "tensor %u declares transform %u%s: known are 0 (none) and 1 (hadamard, "
+                 "without geometry)",
+                 td->key, (uint32_t)td->transform, td->geometry ? " with geometry" : "");
+        return GIFT_ESHAPE;
+    }
     t->key = td->key;
     if ((t->name = strdup(td->name ? td->name : "")) == NULL)
         return GIFT_ENOMEM;

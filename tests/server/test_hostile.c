@@ -123,6 +123,9 @@ static void declare_std(raw_t *c)
 
 /* One tensor of rows x cols with one chunk (id, rows from 0): refused with
  * code; returns the error text (static). */
+/* The TensorDecl.transform declare_refused sends (0: none). */
+static uint32_t decl_transform;
+
 static const char *declare_refused(raw_t *c, uint32_t rows, uint32_t cols, uint32_t id,
                                    uint32_t crows, int geometry, uint32_t rank, uint32_t basis,
                                    int code, const char *what)
@@ -136,6 +139,7 @@ static const char *declare_refused(raw_t *c, uint32_t rows, uint32_t cols, uint3
     t.geometry = geometry;
     t.rank = rank;
     t.basis_cols = basis;
+    t.transform = (Gift__Transform)decl_transform;
     ch.chunk = id;
     ch.rows = crows;
     send_declare(c, &tp, 1, &cp, 1);
@@ -303,6 +307,14 @@ START_TEST(test_hostile_wrap)
     ck_assert_msg(strstr(t, "basis of 2 columns") != NULL, "basis error text \"%s\"", t);
     t = declare_refused(&a, UINT32_MAX, 4, 0, 1, 1, 0, 0, GIFT_ESHAPE, "geometry rows 2^32-1");
     ck_assert_msg(strstr(t, "2^31-1") != NULL, "rows error text \"%s\"", t);
+    /* A transform no worker knows, and a rotation on top of the geometry. */
+    decl_transform = UINT32_MAX;
+    t = declare_refused(&a, 8, 16, 0, 8, 0, 0, 0, GIFT_ESHAPE, "transform 2^32-1");
+    ck_assert_msg(strstr(t, "transform 4294967295") != NULL, "transform error text \"%s\"", t);
+    decl_transform = 1;
+    t = declare_refused(&a, 8, 16, 0, 8, 1, 4, 0, GIFT_ESHAPE, "hadamard with geometry");
+    ck_assert_msg(strstr(t, "with geometry") != NULL, "transform error text \"%s\"", t);
+    decl_transform = 0;
 
     /* None of that fixed the world size: the pair of 2 declares and steps. */
     pair_open(&p);
